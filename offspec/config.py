@@ -1,0 +1,104 @@
+"""Configuration: frozen dataclasses, one place for every default. The CLI builds them by field name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Optional
+
+from .errors import OffspecError
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """Shape of the speculation tree (SpecExec)."""
+
+    budget: int = 64  # draft tokens in the tree; the target verifies budget + 1 tokens (the root too)
+    max_beams: int = 16  # nodes expanded per draft step, in one batched draft forward
+    branch: int = 8  # children added per expanded node (the draft's top-k)
+    max_depth: int = 32  # nodes deeper than this are never expanded
+
+    def validate(self) -> "TreeConfig":
+        for name in ("budget", "max_beams", "branch", "max_depth"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise OffspecError(f"{name} must be a positive integer, got {value!r}; pass e.g. --{name.replace('_', '-')} 64")
+        return self
+
+    @classmethod
+    def chain(cls, depth: int = 5) -> "TreeConfig":
+        """Classic speculative decoding: a single greedy draft chain of `depth` tokens."""
+        return cls(budget=depth, max_beams=1, branch=1, max_depth=depth)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the target's token is chosen at each position. temperature 0 = greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: Optional[int] = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> "SamplingConfig":
+        if not (self.temperature >= 0.0):
+            raise OffspecError(f"temperature must be >= 0, got {self.temperature}; use 0 for greedy")
+        if not (0.0 < self.top_p <= 1.0):
+            raise OffspecError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise OffspecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        return self
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """When to stop, and whether to speculate."""
+
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()  # stop strings; the text is cut before the first one
+    speculate: bool = True  # False = plain autoregressive decoding of the target (the baseline)
+
+    def validate(self) -> "GenerationConfig":
+        if self.max_new_tokens <= 0:
+            raise OffspecError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Which models to load, where and how."""
+
+    target: Optional[str] = None  # None = the built-in default target
+    draft: Optional[str] = None  # None = the built-in default draft
+    device: Optional[str] = None  # None = "cuda" when available, else "cpu"
+    dtype: Optional[str] = None  # None = bfloat16 on CUDA, float32 on CPU
+    max_context: int = 4096  # tokens of conversation the caches hold (capped by the model's own limit)
+    max_budget: int = 4096  # the largest tree budget a call may ask for (the KV caches reserve room for it)
+    attn_implementation: str = "sdpa"
+
+    def validate(self) -> "LoadConfig":
+        if self.max_context <= 1:
+            raise OffspecError(f"max_context must be > 1, got {self.max_context}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16", "float64"):
+            raise OffspecError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
+        return self
+
+
+def split_options(options: dict[str, Any], *classes: type) -> list[Any]:
+    """Build one instance of each config class from a flat keyword dict; unknown keys are an error."""
+    remaining = dict(options)
+    built = []
+    for cls in classes:
+        names = {f.name for f in fields(cls)}
+        built.append(cls(**{k: remaining.pop(k) for k in list(remaining) if k in names}))
+    if remaining:
+        raise OffspecError(f"unknown option(s): {', '.join(sorted(remaining))}")
+    return built
+
+
+def updated(config: Any, **changes: Any) -> Any:
+    """`dataclasses.replace` that ignores None values (a CLI flag not given)."""
+    return replace(config, **{k: v for k, v in changes.items() if v is not None})

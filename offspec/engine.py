@@ -1,0 +1,121 @@
+"""The speculative engine: one target pass per call of `speculative_step`, lossless.
+
+State: the committed token sequence `tokens`. Invariants between passes:
+- the target's cache holds tokens[:-1]; the last token (the root) is not yet processed by the target;
+- the draft's cache holds a prefix of `tokens` (it catches up at the start of the next proposal).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from .config import SamplingConfig, TreeConfig
+from .drafter import Drafter
+from .errors import OffspecError
+from .runner import ModelRunner
+from .sampling import TokenChooser
+from .types import PassStats, TreeSnapshot
+from .verify import acceptance_walk
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # sync: timings must include queued GPU work
+    return time.perf_counter()
+
+
+class SpeculativeEngine:
+    def __init__(self, target: ModelRunner, drafter: Optional[Drafter], max_context: int, max_budget: int):
+        self.target = target
+        self.drafter = drafter
+        self.max_context = max_context  # committed tokens never exceed this
+        self.max_budget = max_budget  # the target cache reserves room for a tree of this many nodes
+        self.tokens: list[int] = []
+
+    # --- the committed sequence ------------------------------------------------------------------
+    def reset_to(self, tokens: list[int]) -> int:
+        """Make `tokens` the committed sequence, reusing the cached common prefix. Returns tokens reused."""
+        if not tokens:
+            raise OffspecError("the prompt is empty; give at least one token of text")
+        if len(tokens) >= self.max_context:
+            raise OffspecError(f"the prompt is {len(tokens)} tokens but the context limit is {self.max_context}; "
+                               f"shorten it or raise --max-context")
+        common = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            common += 1
+        self.target.cache.truncate(min(common, len(tokens) - 1))
+        if self.drafter is not None:
+            self.drafter.runner.cache.truncate(common)
+        self.tokens = list(tokens)
+        reused = self.target.length
+        self.target.extend(self.tokens[self.target.length : -1])  # prefill what is not cached yet
+        return reused
+
+    @property
+    def room(self) -> int:
+        """Tokens that may still be committed before the context limit."""
+        return self.max_context - len(self.tokens)
+
+    # --- passes ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def autoregressive_step(self, chooser: TokenChooser) -> tuple[list[int], PassStats]:
+        """The baseline: the target alone, one token per pass."""
+        t0 = _clock(self.target.device)
+        root_slot = self.target.length  # == len(tokens) - 1
+        hidden = self.target.extend([self.tokens[-1]])
+        token = chooser.choose(self.target.logits(hidden))  # sync: the token is needed on the host
+        self.tokens.append(token)
+        assert self.target.length == len(self.tokens) - 1 == root_slot + 1
+        stats = PassStats(tree_size=0, accepted=0, emitted=1, draft_seconds=0.0,
+                          target_seconds=_clock(self.target.device) - t0, budget=0)
+        return [token], stats
+
+    @torch.inference_mode()
+    def speculative_step(self, config: TreeConfig, chooser: TokenChooser, snapshot: bool = False
+                         ) -> tuple[list[int], PassStats]:
+        """One pass: the draft grows a tree, the target verifies all of it at once, the path is kept."""
+        if self.drafter is None:
+            raise OffspecError("speculation needs a draft model")
+        target, device = self.target, self.target.device
+        T = target.length  # target cache slots in use; the root goes to slot T
+        budget = min(config.budget, self.max_budget, target.capacity - T - 1)
+        if budget < config.budget:
+            config = TreeConfig(budget=max(budget, 1), max_beams=config.max_beams, branch=config.branch,
+                                max_depth=config.max_depth)
+
+        t0 = _clock(device)
+        tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature)
+        t1 = _clock(device)
+
+        n = tree.n
+        root_pos = len(self.tokens) - 1
+        slots = torch.arange(T, T + n, device=device)  # (n,) root and nodes, in tree order
+        visible = torch.zeros((n, T + n), dtype=torch.bool, device=device)  # (n, T+n)
+        visible[:, :T] = True
+        visible[:, T:] = tree.attention_mask()
+        hidden = target.forward(tree.tokens[:n], root_pos + tree.depths[:n], slots, visible)  # (n, hidden)
+
+        tokens_host = tree.tokens[:n].tolist()  # sync: the walk runs on the host
+        parents_host = tree.parents[:n].tolist()
+        path, bonus = acceptance_walk(tokens_host, parents_host,
+                                      lambda i: chooser.choose(target.logits(hidden[i])))
+        accepted = path[1:]
+        new_tokens = [tokens_host[i] for i in accepted] + [bonus]
+        target.cache.keep(slots[torch.tensor(path, device=device)], T + len(path))
+        self.tokens.extend(new_tokens)
+        self.drafter.observe(path, len(self.tokens))
+        t2 = _clock(device)
+
+        tree_view = None
+        if snapshot:
+            tree_view = TreeSnapshot(tokens=tuple(tokens_host), parents=tuple(parents_host),
+                                     accepted=tuple(path), bonus_token=bonus)
+        stats = PassStats(tree_size=n - 1, accepted=len(accepted), emitted=len(new_tokens), draft_seconds=t1 - t0,
+                          target_seconds=t2 - t1, budget=config.budget, depth_counts=tuple(tree.depth_counts()),
+                          tree=tree_view)
+        return new_tokens, stats

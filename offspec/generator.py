@@ -1,0 +1,169 @@
+"""The user-facing generator: prompts and chat messages in, text and statistics out.
+
+`Generator.stream()` yields `TextDelta`s as soon as a pass accepts tokens, then one `GenerationResult`.
+Multi-turn use is automatic: each call's tokens are compared with what the caches hold, and the
+shared prefix is reused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from typing import Iterator, Optional, Sequence
+
+from .config import GenerationConfig, SamplingConfig, TreeConfig
+from .engine import SpeculativeEngine
+from .errors import OffspecError
+from .sampling import TokenChooser
+from .types import GenerationResult, ModelInfo, PassStats, Prompt, StreamEvent, TextDelta
+
+
+class Generator:
+    def __init__(self, engine: SpeculativeEngine, tokenizer, eos_ids: set[int], info: ModelInfo,
+                 tree: TreeConfig, generation: GenerationConfig = GenerationConfig()):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.info = info
+        self.tree = tree  # default tree shape; `budget=` per call overrides its budget
+        self.generation = generation
+        self._lock = threading.Lock()  # one generation at a time: the caches are shared state
+
+    # --- text <-> tokens -------------------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> list[int]:
+        """A string is sent as one user message through the chat template (when the tokenizer has one)."""
+        if isinstance(prompt, str):
+            if not getattr(self.tokenizer, "chat_template", None):
+                return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            prompt = [{"role": "user", "content": prompt}]
+        try:
+            messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+        except (KeyError, TypeError):
+            raise OffspecError("messages must be a list of {'role': ..., 'content': ...} dicts") from None
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise OffspecError("this model's tokenizer has no chat template; pass a plain string prompt")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # --- generation ------------------------------------------------------------------------------
+    def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
+        result = None
+        for event in self.stream(prompt, **kwargs):
+            if isinstance(event, GenerationResult):
+                result = event
+        return result
+
+    def stream(self, prompt: Prompt, *, max_new_tokens: Optional[int] = None, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, budget: Optional[int] = None, seed: Optional[int] = None,
+               speculate: Optional[bool] = None, stop: Sequence[str] = (),
+               cancel: Optional[threading.Event] = None) -> Iterator[StreamEvent]:
+        sampling = SamplingConfig(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                                  seed=seed).validate()
+        gen = GenerationConfig(
+            max_new_tokens=int(max_new_tokens if max_new_tokens is not None else self.generation.max_new_tokens),
+            stop=tuple(stop), speculate=self.generation.speculate if speculate is None else bool(speculate),
+        ).validate()
+        tree = self.tree if budget is None else replace(self.tree, budget=budget)
+        tree.validate()
+        if tree.budget > self.engine.max_budget:
+            raise OffspecError(f"budget {tree.budget} is above max_budget {self.engine.max_budget} set at load; "
+                               f"load with max_budget={tree.budget} or use a smaller budget")
+        prompt_ids = self.encode(prompt)
+        if not self._lock.acquire(blocking=False):
+            raise OffspecError("a generation is already running on this generator; wait for it or cancel it")
+        try:
+            yield from self._run(prompt_ids, sampling, gen, tree, cancel)
+        finally:
+            self._lock.release()
+
+    def _run(self, prompt_ids: list[int], sampling: SamplingConfig, gen: GenerationConfig, tree: TreeConfig,
+             cancel: Optional[threading.Event]) -> Iterator[StreamEvent]:
+        engine = self.engine
+        start = time.perf_counter()
+        reused = engine.reset_to(prompt_ids)
+        chooser = TokenChooser(sampling, engine.target.device)
+        out: list[int] = []
+        passes: list[PassStats] = []
+        text_sent = ""
+        stop_reason = None
+        while stop_reason is None:
+            if cancel is not None and cancel.is_set():
+                stop_reason = "cancelled"
+                break
+            if engine.room <= 0:
+                stop_reason = "context"
+                break
+            if gen.speculate:
+                new, stats = engine.speculative_step(tree, chooser, snapshot=True)
+            else:
+                new, stats = engine.autoregressive_step(chooser)
+            # Cut at EOS, at max_new_tokens and at the context limit; the caches may hold more, which the
+            # next call's prefix match discards.
+            keep = len(new)
+            for i, t in enumerate(new):
+                if t in self.eos_ids:
+                    keep, stop_reason = i, "eos"
+                    break
+            if len(out) + keep >= gen.max_new_tokens:
+                keep, stop_reason = gen.max_new_tokens - len(out), stop_reason or "max_tokens"
+            room = self.engine.max_context - len(prompt_ids) - len(out)
+            if keep >= room:
+                keep, stop_reason = room, stop_reason or "context"
+            out.extend(new[:keep])
+            stats = replace(stats, emitted=keep) if keep != len(new) else stats
+            passes.append(stats)
+            text = self.decode(out)
+            cut = _find_stop(text, gen.stop)
+            if cut is not None:
+                text, stop_reason = text[:cut], "stop"
+                out = _trim_ids_to_text(self, out, text)
+            visible = _safe_prefix(text, gen.stop, final=stop_reason is not None)
+            if len(visible) > len(text_sent) or stats:
+                delta = visible[len(text_sent):] if visible.startswith(text_sent) else ""
+                text_sent = visible if visible.startswith(text_sent) else text_sent
+                yield TextDelta(text=delta, token_ids=tuple(new[:keep]), stats=stats)
+        text = self.decode(out)
+        cut = _find_stop(text, gen.stop)
+        if cut is not None:
+            text = text[:cut]
+        if len(text) > len(text_sent) and text.startswith(text_sent):
+            yield TextDelta(text=text[len(text_sent):], token_ids=(), stats=None)
+        # keep the tree snapshot of the last pass only: the UI shows it, and long runs stay small
+        passes = [replace(p, tree=None) for p in passes[:-1]] + passes[-1:]
+        yield GenerationResult(text=text, token_ids=out, passes=passes, seconds=time.perf_counter() - start,
+                               stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused)
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
+    hits = [text.find(s) for s in stops if s and s in text]
+    return min(hits) if hits else None
+
+
+def _safe_prefix(text: str, stops: Sequence[str], final: bool) -> str:
+    """The part of `text` that can be shown now: hold back an unfinished multi-byte character and any
+    tail that could be the start of a stop string."""
+    if final:
+        return text
+    end = len(text)
+    while end > 0 and text[end - 1] == "\ufffd":
+        end -= 1
+    for s in stops:
+        for k in range(min(len(s) - 1, end), 0, -1):
+            if text[:end].endswith(s[:k]):
+                end -= k
+                break
+    return text[:end]
+
+
+def _trim_ids_to_text(gen: Generator, ids: list[int], text: str) -> list[int]:
+    """The shortest prefix of `ids` whose decoded text covers `text` (used when a stop string cuts)."""
+    for i in range(len(ids) + 1):
+        if len(gen.decode(ids[:i])) >= len(text):
+            return ids[:i]
+    return ids

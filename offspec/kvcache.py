@@ -1,0 +1,75 @@
+"""A pre-allocated KV cache whose writes go to slots the engine chooses.
+
+transformers' own caches append in order. Trees need more: a pass writes many nodes that share a
+position id (siblings) into distinct slots, then only the accepted path is kept. `SlotKVCache`
+is a `transformers.Cache` whose `update()` writes the new keys/values at `write_slots` and returns the
+buffer up to `kv_len`; the engine pairs it with a 4D mask over those `kv_len` slots.
+
+Invariant kept by the engine: slots [0, length) hold the committed sequence, slot i = position i.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from transformers.cache_utils import Cache
+
+
+class SlotKVCache(Cache):
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(layers=[])  # we own the storage below instead of HF cache layers
+        self.num_layers = num_layers
+        self.capacity = capacity
+        self.keys: list[Optional[torch.Tensor]] = [None] * num_layers  # each (1, kv_heads, capacity, head_dim)
+        self.values: list[Optional[torch.Tensor]] = [None] * num_layers
+        self.length = 0  # committed tokens held in slots [0, length)
+        self.write_slots: Optional[torch.Tensor] = None  # (q,) long: where the next forward writes
+        self.kv_len = 0  # keys/values returned to attention cover slots [0, kv_len)
+
+    # --- driven by the engine -------------------------------------------------------------------
+    def prepare(self, write_slots: torch.Tensor, kv_len: int) -> None:
+        """Set where the next forward's q tokens are written and how many slots attention sees."""
+        if kv_len > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {kv_len} slots needed, {self.capacity} allocated")
+        self.write_slots = write_slots
+        self.kv_len = kv_len
+
+    def keep(self, src_slots: torch.Tensor, new_length: int) -> None:
+        """Prune: copy `src_slots` (k,) to slots [new_length - k, new_length) and commit up to new_length.
+
+        Used to keep the accepted path of a tree. Source slots are always >= destination slots, and
+        index_select materialises them before the write, so overlapping moves are safe.
+        """
+        k = int(src_slots.numel())
+        if k:
+            dst = torch.arange(new_length - k, new_length, device=src_slots.device)
+            if not torch.equal(src_slots, dst):
+                for buf in self.keys + self.values:
+                    if buf is not None:
+                        buf.index_copy_(2, dst, buf.index_select(2, src_slots))
+        self.length = new_length
+
+    def truncate(self, length: int) -> None:
+        """Forget everything from slot `length` on (used when a new prompt shares only a prefix)."""
+        self.length = min(self.length, length)
+
+    # --- called by the transformers model --------------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if self.keys[layer_idx] is None:
+            b, h, _, d = key_states.shape
+            self.keys[layer_idx] = key_states.new_zeros((b, h, self.capacity, d))
+            self.values[layer_idx] = value_states.new_zeros((b, h, self.capacity, value_states.shape[-1]))
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        k_buf.index_copy_(2, self.write_slots, key_states)
+        v_buf.index_copy_(2, self.write_slots, value_states)
+        return k_buf[:, :, : self.kv_len], v_buf[:, :, : self.kv_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.capacity
+
+    def __len__(self) -> int:
+        return self.num_layers

@@ -1,0 +1,66 @@
+"""Runs a transformers causal LM over arbitrary token sets with a slot KV cache and a 4D mask.
+
+The decoder body gives hidden states; the LM head is applied separately, only where logits are
+needed (a 4096-node tree times a 152k vocabulary would be gigabytes of logits).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kvcache import SlotKVCache
+
+
+class ModelRunner:
+    def __init__(self, model, capacity: int):
+        self.model = model
+        self.body = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.capacity = capacity
+        self.cache = SlotKVCache(model.config.num_hidden_layers, capacity)
+        self._min = torch.finfo(self.dtype).min
+
+    @property
+    def length(self) -> int:
+        """Committed tokens held in the cache (slots [0, length))."""
+        return self.cache.length
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                visible: torch.Tensor) -> torch.Tensor:
+        """Run q tokens; return their (q, hidden) final hidden states.
+
+        tokens, positions, slots: (q,) long. `slots` are where their keys/values are written.
+        visible: (q, kv_len) bool: which cache slots each token attends to (its own slot included).
+        """
+        q, kv_len = visible.shape
+        # (1, 1, q, kv_len) additive mask in the model's dtype: 0 where visible, dtype-min elsewhere
+        mask = torch.zeros((1, 1, q, kv_len), dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~visible[None, None], self._min)
+        self.cache.prepare(slots, kv_len)
+        out = self.body(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
+                        past_key_values=self.cache, use_cache=True)
+        return out.last_hidden_state[0]
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., hidden) -> (..., vocab) logits."""
+        return self.lm_head(hidden)
+
+    @torch.inference_mode()
+    def extend(self, tokens: list[int], chunk: int = 512) -> torch.Tensor:
+        """Append committed tokens causally (prefill / catch-up); return the last token's hidden state (hidden,)."""
+        hidden = None
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start : start + chunk]
+            base = self.cache.length
+            q = len(part)
+            ids = torch.tensor(part, dtype=torch.long, device=self.device)  # (q,)
+            pos = torch.arange(base, base + q, device=self.device)  # (q,) slot == position for committed tokens
+            visible = torch.ones((q, base + q), dtype=torch.bool, device=self.device)  # (q, base+q)
+            visible[:, base:] = torch.ones((q, q), dtype=torch.bool, device=self.device).tril()
+            hidden = self.forward(ids, pos, pos, visible)[-1]
+            self.cache.length = base + q
+        return hidden

@@ -1,0 +1,125 @@
+"""What the engine and the generator return: per-pass statistics, results and stream events.
+
+Engines never print; everything a UI or a benchmark wants to show comes through these objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Protocol, Sequence, Union
+
+
+@dataclass(frozen=True)
+class TreeSnapshot:
+    """The tree of one pass, for display. Node 0 is the root (the last committed token)."""
+
+    tokens: tuple[int, ...]  # token id per node
+    parents: tuple[int, ...]  # parent node index per node (-1 for the root)
+    accepted: tuple[int, ...]  # node indices of the accepted path, root first
+    bonus_token: int  # the target's own token emitted after the accepted path
+
+
+@dataclass(frozen=True)
+class PassStats:
+    """One target pass (or one autoregressive step when not speculating)."""
+
+    tree_size: int  # draft tokens verified in this pass (0 when not speculating)
+    accepted: int  # tree tokens the target agreed with
+    emitted: int  # tokens this pass added to the output (accepted + 1, fewer when a stop condition cut it)
+    draft_seconds: float  # drafting: growing the tree with the draft model
+    target_seconds: float  # the target's forward pass and the acceptance walk
+    budget: int  # tree budget asked for in this pass
+    depth_counts: tuple[int, ...] = ()  # tree nodes at depth 1, 2, ...
+    tree: Optional[TreeSnapshot] = None  # filled in for the last pass of a call (for the UI's tree panel)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    passes: list[PassStats]
+    seconds: float  # wall time of the decode (prefill included)
+    stop_reason: str  # "eos", "stop", "max_tokens", "context", "cancelled"
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens whose KV cache was reused from the previous call
+
+    @property
+    def n_passes(self) -> int:
+        return len(self.passes)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return len(self.token_ids) / len(self.passes) if self.passes else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def draft_seconds(self) -> float:
+        return sum(p.draft_seconds for p in self.passes)
+
+    @property
+    def target_seconds(self) -> float:
+        return sum(p.target_seconds for p in self.passes)
+
+    def summary(self) -> dict:
+        """The JSON-friendly view used by `offspec generate --json`."""
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "passes": self.n_passes,
+            "tokens_per_pass": round(self.tokens_per_pass, 4),
+            "seconds": round(self.seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 4),
+            "draft_seconds": round(self.draft_seconds, 4),
+            "target_seconds": round(self.target_seconds, 4),
+            "stop_reason": self.stop_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "reused_prompt_tokens": self.reused_prompt_tokens,
+            "per_pass": [
+                {"tree_size": p.tree_size, "accepted": p.accepted, "emitted": p.emitted,
+                 "draft_seconds": round(p.draft_seconds, 5), "target_seconds": round(p.target_seconds, 5)}
+                for p in self.passes
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New text accepted by a pass. `stats` is that pass's statistics."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    stats: Optional[PassStats] = None
+
+
+StreamEvent = Union[TextDelta, GenerationResult]  # a stream yields TextDelta..., then one GenerationResult
+
+Messages = Sequence[dict]  # [{"role": "user", "content": "..."}, ...]
+Prompt = Union[str, Messages]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a UI shows about the loaded pair."""
+
+    target: str
+    draft: str
+    device: str
+    dtype: str
+    max_context: int
+    default_budget: int
+    extra: dict = field(default_factory=dict)
+
+
+class GeneratorLike(Protocol):
+    """What the CLI and the TUI need from a generator (the real one is `offspec.generator.Generator`)."""
+
+    info: ModelInfo
+
+    def stream(self, prompt: Prompt, *, max_new_tokens: int = ..., temperature: float = ..., top_p: float = ...,
+               top_k: int = ..., budget: Optional[int] = ..., seed: Optional[int] = ..., speculate: bool = ...,
+               stop: Sequence[str] = ..., cancel=None) -> Iterator[StreamEvent]: ...
+
+    def generate(self, prompt: Prompt, **kwargs) -> GenerationResult: ...

@@ -1,0 +1,104 @@
+"""Chat settings: one frozen dataclass holds every default; form text is parsed into it with one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Optional
+
+from offspec.config import GenerationConfig, SamplingConfig
+from offspec.errors import OffspecError
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """What each chat turn asks of the engine. The only place the chat's defaults live."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    budget: Optional[int] = None  # tree budget; None = "auto": the engine's default (a measured profile or built-in)
+    max_new_tokens: int = 1024  # a reply stops after this many tokens
+    system_prompt: str = ""  # the system prompt given to new chats
+
+    def validate(self) -> "ChatSettings":
+        SamplingConfig(temperature=self.temperature, top_p=self.top_p).validate()
+        GenerationConfig(max_new_tokens=self.max_new_tokens).validate()
+        if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
+                                        or self.budget <= 0):
+            raise OffspecError(f"budget must be 'auto' or a positive whole number, got {self.budget!r}")
+        return self
+
+    def generation_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `GeneratorLike.stream` these settings control."""
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "budget": self.budget,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: Optional[str]) -> "ChatSettings":
+        """Settings saved by any version: unknown keys are dropped, invalid values fall back to the defaults."""
+        if not text:
+            return cls()
+        try:
+            data = json.loads(text)
+            known = {f.name for f in fields(cls)}
+            return cls(**{k: v for k, v in data.items() if k in known}).validate()
+        except (ValueError, TypeError, AttributeError, OffspecError):
+            return cls()
+
+
+def format_budget(budget: Optional[int]) -> str:
+    return AUTO if budget is None else str(budget)
+
+
+def parse_budget(text: str) -> Optional[int]:
+    """'auto' (or empty) -> None; a positive whole number -> int; anything else -> OffspecError."""
+    value = text.strip().lower()
+    if value in ("", AUTO):
+        return None
+    try:
+        budget = int(value)
+    except ValueError:
+        raise OffspecError(f"budget must be 'auto' or a positive whole number such as 64, got {text.strip()!r}") from None
+    if budget <= 0:
+        raise OffspecError(f"budget must be 'auto' or a positive whole number such as 64, got {budget}")
+    return budget
+
+
+def _parse_float(name: str, text: str, example: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise OffspecError(f"{name} must be a number such as {example}, got {text.strip()!r}") from None
+    if not math.isfinite(value):
+        raise OffspecError(f"{name} must be a finite number such as {example}, got {text.strip()!r}")
+    return value
+
+
+def _parse_int(name: str, text: str, example: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise OffspecError(f"{name} must be a whole number such as {example}, got {text.strip()!r}") from None
+
+
+def parse_settings(base: ChatSettings, *, temperature: str, top_p: str, budget: str, max_new_tokens: str,
+                   system_prompt: str) -> ChatSettings:
+    """Settings from the text of the settings form; raises OffspecError with a one-line message."""
+    return replace(
+        base,
+        temperature=_parse_float("temperature", temperature, "0.7 (0 = greedy)"),
+        top_p=_parse_float("top-p", top_p, "0.95"),
+        budget=parse_budget(budget),
+        max_new_tokens=_parse_int("max tokens", max_new_tokens, "1024"),
+        system_prompt=system_prompt.strip(),
+    ).validate()
