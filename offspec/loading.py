@@ -1,0 +1,160 @@
+"""Loading resolved models (weights + tokenizer) and checking that a draft can serve a target.
+
+Every failure the user can cause or fix (a corrupt or truncated safetensors file, a missing shard, an
+unknown architecture, too little memory, mismatched tokenizers) becomes one OffspecError line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from .convert import MANIFEST, dtype_name, quiet_transformers
+from .errors import OffspecError
+from .progress import ProgressEvent, ProgressFn, no_progress
+from .sources import ResolvedModel, resolve_model
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: eval mode, on its device, no gradients."""
+
+    name: str
+    path: Path
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _redo_hint(directory: Path) -> str:
+    if (directory / MANIFEST).is_file():  # our own converted cache entry
+        return f"delete {directory} and start again to rebuild it"
+    return "delete it and download or convert the model again"
+
+
+def validate_weights(directory: Path) -> list[Path]:
+    """Check that the weight files of `directory` are present and their safetensors headers readable.
+
+    Returns the safetensors files. Cheap: only headers are parsed (safetensors also checks that the
+    file is long enough for every tensor the header declares, so truncation is caught).
+    """
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise OffspecError(f"cannot read model weights index {index}: {_reason(exc)}; "
+                               f"{_redo_hint(directory)}") from exc
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            raise OffspecError(f"model weights {', '.join(missing)} missing from {directory}; {_redo_hint(directory)}")
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        if any(directory.glob("pytorch_model*.bin")):
+            return []  # legacy pickle weights: transformers reads them, we cannot cheaply check them
+        raise OffspecError(f"no model weights (*.safetensors) in {directory}; expected a Hugging Face model "
+                           f"directory with config.json and *.safetensors")
+    from safetensors import safe_open
+
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()
+        except Exception as exc:  # SafetensorError, OSError, ...
+            raise OffspecError(f"cannot read model weights {file}: {_reason(exc)}; {_redo_hint(directory)}") from exc
+    return files
+
+
+def load_tokenizer(resolved: ResolvedModel) -> Any:
+    """The tokenizer of a resolved model; failures become one OffspecError line."""
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(str(resolved.path))
+    except Exception as exc:
+        raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: "
+                           f"{_reason(exc)}") from exc
+
+
+def load_model(resolved: ResolvedModel, *, device: Union[torch.device, str], dtype: torch.dtype,
+               attn_implementation: str = "sdpa", progress: ProgressFn = no_progress,
+               tokenizer: Optional[Any] = None) -> LoadedModel:
+    """Load weights (and the tokenizer unless given) of `resolved` onto `device` in `dtype`."""
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device(device)
+    message = f"loading {resolved.name}"
+    progress(ProgressEvent("load", message))
+    validate_weights(resolved.path)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(resolved)
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation}
+    if device.type != "cpu":
+        kwargs["device_map"] = {"": device}  # straight onto the device, no host copy
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(str(resolved.path), **kwargs)
+        model = model.to(device)
+    except (MemoryError, torch.OutOfMemoryError) as exc:
+        raise OffspecError(f"out of memory loading {resolved.name} on {device} in {dtype_name(dtype)}; "
+                           f"free memory, or use a smaller model or dtype") from exc
+    except Exception as exc:
+        raise OffspecError(f"cannot load model {resolved.name} from {resolved.path}: {_reason(exc)}") from exc
+    model.eval()
+    model.requires_grad_(False)
+    progress(ProgressEvent("load", message, finished=True))
+    return LoadedModel(name=resolved.name, path=resolved.path, model=model, tokenizer=tokenizer)
+
+
+def _tokenizer_difference(target_tok: Any, draft_tok: Any) -> Optional[str]:
+    """A short description of how two tokenizers differ, or None when they agree."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        if len(tv) != len(dv):
+            return f"{len(tv):,} vs {len(dv):,} tokens"
+        token = next(t for t in sorted(tv) if tv[t] != dv.get(t))
+        return f"token {token!r} has id {tv[token]} vs {dv.get(token)}"
+    for attr in ("eos_token_id", "bos_token_id"):
+        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if a != b:
+            return f"{attr.removesuffix('_id').replace('_', ' ')} id {a} vs {b}"
+    return None
+
+
+def _check_tokenizers(target_name: str, target_tok: Any, draft_name: str, draft_tok: Any) -> None:
+    difference = _tokenizer_difference(target_tok, draft_tok)
+    if difference is not None:
+        raise OffspecError(
+            f"draft model {draft_name!r} does not share the tokenizer of target model {target_name!r} "
+            f"({difference}); a draft must use the target's tokenizer, e.g. a smaller model of the same family"
+        )
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise OffspecError unless target and draft have the same vocabulary and eos/bos ids."""
+    _check_tokenizers(target.name, target.tokenizer, draft.name, draft.tokenizer)
+
+
+def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: Union[torch.device, str],
+              dtype: torch.dtype, attn_implementation: str = "sdpa",
+              progress: ProgressFn = no_progress) -> tuple[LoadedModel, LoadedModel]:
+    """Resolve, check and load a target and its draft. Tokenizers are compared before any weights load."""
+    target_res = resolve_model(target_spec, "target", dtype=dtype, progress=progress)
+    draft_res = resolve_model(draft_spec, "draft", dtype=dtype, progress=progress)
+    target_tok, draft_tok = load_tokenizer(target_res), load_tokenizer(draft_res)
+    _check_tokenizers(target_res.name, target_tok, draft_res.name, draft_tok)
+    target = load_model(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                        progress=progress, tokenizer=target_tok)
+    draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                       progress=progress, tokenizer=draft_tok)
+    return target, draft

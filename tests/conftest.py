@@ -1,0 +1,33 @@
+"""Shared fixtures. Tiny random models are saved as safetensors and loaded through the real code path."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py, tests/fakes.py
+sys.path.insert(0, str(Path(__file__).parent.parent))  # the repo root: offspec/, tui/
+
+from tiny import save_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Tiny (target, draft) directories per architecture: the draft is the target plus noise."""
+    root = tmp_path_factory.mktemp("tiny")
+    dirs = {}
+    for arch in ("llama", "qwen2"):
+        for seed in (0, 1):
+            target = save_tiny_model(root / f"{arch}-{seed}-target", arch=arch, seed=seed, logit_scale=3.0)
+            draft = save_tiny_model(root / f"{arch}-{seed}-draft", arch=arch, seed=seed, logit_scale=3.0, noise=0.02)
+            dirs[(arch, seed)] = (target, draft)
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dirs):
+    """A loaded float64 generator on the tiny llama pair (float64 keeps batched == sequential exactly)."""
+    import offspec
+
+    target, draft = tiny_dirs[("llama", 0)]
+    return offspec.load(str(target), str(draft), dtype="float64", max_context=256, max_budget=512)

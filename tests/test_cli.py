@@ -1,0 +1,49 @@
+"""The command line as a user runs it: `python main.py generate ...`."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_generate_json_has_the_documented_fields(tiny_dirs):
+    target, draft = tiny_dirs[("qwen2", 0)]
+    proc = run("generate", "--target", str(target), "--draft", str(draft), "--json", "--max-new-tokens", "16",
+               "--budget", "8", "Hello there")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("text", "token_ids", "passes", "tokens_per_pass", "seconds", "tokens_per_second"):
+        assert key in out
+    assert out["passes"] >= 1 and len(out["token_ids"]) <= 16
+    assert abs(out["tokens_per_pass"] - len(out["token_ids"]) / out["passes"]) < 1e-3
+
+
+def test_generate_streams_text_and_no_speculate_matches(tiny_dirs):
+    target, draft = tiny_dirs[("qwen2", 0)]
+    common = ["generate", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "12", "Hi"]
+    spec, plain = run(*common), run(*common, "--no-speculate")
+    assert spec.returncode == 0 and plain.returncode == 0, spec.stderr + plain.stderr
+    assert spec.stdout == plain.stdout
+    assert "tokens/pass" in spec.stderr
+
+
+def test_bad_input_is_one_line_without_traceback(tiny_dirs):
+    target, draft = tiny_dirs[("qwen2", 0)]
+    cases = [
+        ("generate", "--target", "/nonexistent/model", "hi"),
+        ("generate", "--target", str(target), "--draft", str(draft), "--budget", "0", "hi"),
+        ("generate", "--target", str(target), "--draft", str(draft), "--max-context", "8", "a long prompt, too long"),
+    ]
+    for args in cases:
+        proc = run(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+        assert len(lines) == 1, proc.stderr

@@ -1,0 +1,143 @@
+"""Tier 2: tiny random real models (Llama, Qwen2) loaded from safetensors through the real loading path."""
+
+import collections
+
+import pytest
+import torch
+
+import offspec
+from offspec import OffspecError
+from offspec.runner import ModelRunner
+from offspec.sampling import TokenChooser
+from offspec.config import SamplingConfig, TreeConfig
+
+PROMPTS = ["Hello", "def f(x):\n    return", "The quick brown fox"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_speculative_greedy_equals_plain_greedy(tiny_dirs, arch, seed):
+    target, draft = tiny_dirs[(arch, seed)]
+    gen = offspec.load(str(target), str(draft), dtype="float64", max_context=256, max_budget=512)
+    for prompt in PROMPTS:
+        plain = gen.generate(prompt, max_new_tokens=40, speculate=False)
+        assert plain.n_passes == len(plain.token_ids)
+        for budget in (1, 8, 64, 512):
+            spec = gen.generate(prompt, max_new_tokens=40, budget=budget)
+            assert spec.token_ids == plain.token_ids, (arch, seed, prompt, budget)
+            assert spec.text == plain.text
+            if budget >= 8 and len(plain.token_ids) == 40:
+                assert spec.tokens_per_pass > 1.2, (budget, spec.tokens_per_pass)
+
+
+def test_chain_drafter_is_lossless_too(tiny_pair):
+    plain = tiny_pair.generate("Hello", max_new_tokens=30, speculate=False)
+    tiny_pair.tree = TreeConfig.chain(5)
+    try:
+        chain = tiny_pair.generate("Hello", max_new_tokens=30)
+    finally:
+        tiny_pair.tree = TreeConfig()
+    assert chain.token_ids == plain.token_ids
+    assert all(p.tree_size <= 5 and max(p.depth_counts, default=0) <= 1 for p in chain.passes)
+
+
+def test_tree_forward_matches_sequential_forward(tiny_pair):
+    """Tree mask and depth-based position ids: every node's logits equal running its path as a sequence."""
+    engine = tiny_pair.engine
+    prompt = tiny_pair.encode("abc")
+    engine.reset_to(prompt)
+    tree = engine.drafter.propose(engine.tokens, TreeConfig(budget=40, max_beams=4, branch=3), temperature=0.0)
+    hidden, _ = engine.score_tree(tree)
+    logits = engine.target.logits(hidden)  # (n, V)
+    model = engine.target.model
+    toks, pars = tree.tokens[: tree.n].tolist(), tree.parents[: tree.n].tolist()
+    assert len(set(tree.depths[: tree.n].tolist())) > 2  # a real tree, several levels
+    for i in range(tree.n):
+        path, j = [], i
+        while j > 0:
+            path.append(toks[j])
+            j = pars[j]
+        seq = torch.tensor([prompt + path[::-1]])
+        ref = model(seq).logits[0, -1]
+        torch.testing.assert_close(logits[i], ref, rtol=1e-9, atol=1e-9)
+
+
+def test_kv_pruning_keeps_exactly_the_accepted_path(tiny_pair):
+    engine = tiny_pair.engine
+    engine.reset_to(tiny_pair.encode("The quick"))
+    chooser = TokenChooser(SamplingConfig(), engine.target.device)
+    for _ in range(4):
+        engine.speculative_step(TreeConfig(budget=32, max_beams=4, branch=4), chooser)
+    fresh = ModelRunner(engine.target.model, capacity=256)
+    fresh.extend(engine.tokens[:-1])
+    L = engine.target.length
+    assert L == len(engine.tokens) - 1
+    for layer in range(len(engine.target.cache)):
+        torch.testing.assert_close(engine.target.cache.keys[layer][:, :, :L], fresh.cache.keys[layer][:, :, :L])
+        torch.testing.assert_close(engine.target.cache.values[layer][:, :, :L], fresh.cache.values[layer][:, :, :L])
+    # the draft cache also holds a correct prefix of the committed tokens
+    draft = engine.drafter.runner
+    fresh_draft = ModelRunner(draft.model, capacity=256)
+    fresh_draft.extend(engine.tokens[: draft.length])
+    for layer in range(len(draft.cache)):
+        torch.testing.assert_close(draft.cache.keys[layer][:, :, : draft.length],
+                                   fresh_draft.cache.keys[layer][:, :, : draft.length])
+
+
+def _exact_two_token_distribution(gen, prompt_ids, sampling):
+    """P(t1, t2) of the target alone, from plain full-sequence forwards (no cache, no tree)."""
+    model = gen.engine.target.model
+    chooser = TokenChooser(sampling, torch.device("cpu"))
+    torch.set_grad_enabled(False)
+    p1 = chooser.probs(model(torch.tensor([prompt_ids])).logits[0, -1])
+    dist = {}
+    for t1 in torch.nonzero(p1 > 0).flatten().tolist():
+        p2 = chooser.probs(model(torch.tensor([prompt_ids + [t1]])).logits[0, -1])
+        for t2 in torch.nonzero(p2 > 0).flatten().tolist():
+            dist[(t1, t2)] = float(p1[t1] * p2[t2])
+    torch.set_grad_enabled(True)
+    return dist
+
+
+@pytest.fixture(scope="module")
+def unrelated_pair(tiny_dirs):
+    """float32 target with an UNRELATED draft (another random model): a lossy verifier would show."""
+    return offspec.load(str(tiny_dirs[("llama", 0)][0]), str(tiny_dirs[("llama", 1)][0]), max_context=64)
+
+
+@pytest.mark.parametrize("speculate", [True, False])
+def test_sampling_follows_the_target_distribution(unrelated_pair, speculate):
+    """Chi-square test of the first two sampled tokens against the exact target distribution."""
+    gen = unrelated_pair
+    sampling = SamplingConfig(temperature=1.5, top_k=3)
+    prompt_ids = gen.encode("Hi")
+    exact = _exact_two_token_distribution(gen, prompt_ids, sampling)
+    n = 1200
+    counts = collections.Counter()
+    for seed in range(n):
+        res = gen.generate("Hi", max_new_tokens=2, temperature=1.5, top_k=3, seed=seed, budget=16,
+                           speculate=speculate)
+        counts[tuple(res.token_ids)] += 1
+    assert sum(counts.values()) == n and set(counts) <= set(exact)
+    # lump outcomes with small expected counts into one bin
+    chi2, lump_obs, lump_exp, bins = 0.0, 0, 0.0, 0
+    for outcome, p in exact.items():
+        if n * p >= 5:
+            chi2 += (counts[outcome] - n * p) ** 2 / (n * p)
+            bins += 1
+        else:
+            lump_obs, lump_exp = lump_obs + counts[outcome], lump_exp + n * p
+    if lump_exp > 0:
+        chi2 += (lump_obs - lump_exp) ** 2 / lump_exp
+        bins += 1
+    assert bins >= 4
+    from scipy.stats import chi2 as chi2_dist  # noqa: PLC0415  (scipy comes with the test extra)
+
+    p_value = chi2_dist.sf(chi2, bins - 1)
+    assert p_value > 0.001, (chi2, bins, counts, exact)
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_pair):
+    a = tiny_pair.generate("Hello", max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7)
+    b = tiny_pair.generate("Hello", max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7)
+    assert a.token_ids == b.token_ids

