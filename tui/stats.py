@@ -1,0 +1,155 @@
+"""Speed figures for the status line: tokens/s, tokens per target pass, tree budget, weight streaming, memory."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from offspec.types import GenerationResult, ModelInfo, PassStats
+
+GIB = 1024 ** 3
+
+
+def size_text(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB else f"{n_bytes / 1024 ** 2:.0f} MiB"
+
+
+def io_wait_of(stats: PassStats) -> Optional[float]:
+    """Seconds of the target pass spent waiting for streamed weights; None when the engine does not say."""
+    value = getattr(stats, "io_wait_seconds", None)
+    return float(value) if value is not None else None
+
+
+@dataclass
+class ReplyMeter:
+    """Running figures of one reply, fed with each pass's statistics."""
+
+    started: float = field(default_factory=time.monotonic)
+    tokens: int = 0
+    passes: int = 0
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    io_wait_seconds: float = 0.0
+    io_known: bool = False  # the engine reports io_wait_seconds
+    bytes_streamed: int = 0
+    last_budget: Optional[int] = None
+    seconds: Optional[float] = None  # the engine's wall time, once finished
+    stop_reason: Optional[str] = None
+
+    def add(self, token_count: int, passes: tuple[PassStats, ...] = ()) -> None:
+        self.tokens += token_count
+        for stats in passes:
+            self.passes += 1
+            self.target_seconds += stats.target_seconds
+            self.draft_seconds += stats.draft_seconds
+            self.last_budget = stats.budget
+            wait = io_wait_of(stats)
+            if wait is not None:
+                self.io_known = True
+                self.io_wait_seconds += wait
+            self.bytes_streamed += int(getattr(stats, "bytes_streamed", 0) or 0)
+
+    def finish(self, result: GenerationResult) -> None:
+        """Replace the running counts with the engine's totals."""
+        self.tokens = len(result.token_ids)
+        self.passes = 0
+        self.target_seconds = self.draft_seconds = self.io_wait_seconds = 0.0
+        self.io_known, self.bytes_streamed = False, 0
+        self.add(0, tuple(result.passes))
+        self.seconds = result.seconds
+        self.stop_reason = result.stop_reason
+
+    @property
+    def elapsed(self) -> float:
+        return self.seconds if self.seconds is not None else time.monotonic() - self.started
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.tokens / self.passes if self.passes else 0.0
+
+    def summary(self) -> dict:
+        """What is stored with a finished reply."""
+        return {
+            "tokens": self.tokens,
+            "passes": self.passes,
+            "seconds": round(self.elapsed, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "tokens_per_pass": round(self.tokens_per_pass, 3),
+            "budget": self.last_budget,
+            "io_wait_seconds": round(self.io_wait_seconds, 4) if self.io_known else None,
+        }
+
+
+def budget_label(info: ModelInfo, fixed_budget: Optional[int], last_budget: Optional[int] = None) -> str:
+    """'budget 64 (profile)': the tree budget in use and where it came from (profile, default or fixed)."""
+    if fixed_budget is not None:
+        return f"budget {fixed_budget} (fixed)"
+    source = str(info.extra.get("budget_source", "default"))
+    return f"budget {last_budget or info.default_budget} ({source})"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def speed_line(meter: Optional[ReplyMeter], info: ModelInfo, fixed_budget: Optional[int]) -> str:
+    """The first status line: speed of the current or last reply."""
+    budget = budget_label(info, fixed_budget, meter.last_budget if meter else None)
+    if meter is None or meter.tokens == 0 and meter.passes == 0:
+        return f"ready · {budget}"
+    parts = [f"{meter.tokens_per_second:.1f} tok/s", f"{meter.tokens_per_pass:.2f} tok/pass", budget]
+    if meter.passes:
+        per_pass = meter.target_seconds / meter.passes
+        if meter.io_known:
+            wait = meter.io_wait_seconds / meter.passes
+            parts.append(f"target {_ms(per_pass)}/pass: {_ms(wait)} weights + {_ms(max(per_pass - wait, 0.0))} compute")
+            if meter.io_wait_seconds > 0 and meter.bytes_streamed:
+                parts.append(f"{meter.bytes_streamed / meter.io_wait_seconds / 1e9:.2f} GB/s")
+        else:
+            parts.append(f"target {_ms(per_pass)}/pass")
+    parts.append(f"{meter.tokens} tok")
+    if meter.stop_reason:
+        parts.append(meter.stop_reason)
+    return " · ".join(parts)
+
+
+class ResourceSampler:
+    """Memory use of this process and, when the model is on CUDA, of the GPU."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def ram(self) -> str:
+        try:
+            import psutil
+        except ImportError:
+            return "RAM ?"
+        rss = psutil.Process().memory_info().rss
+        system = psutil.virtual_memory()
+        return f"RAM {size_text(rss)} (system {system.percent:.0f}% of {size_text(system.total)})"
+
+    def gpu(self) -> Optional[str]:
+        torch = sys.modules.get("torch")  # never import torch just to look: the engine has it loaded if it uses it
+        if not self.device.startswith("cuda") or torch is None:
+            return None
+        try:
+            if not torch.cuda.is_available():
+                return None
+            index = torch.device(self.device).index
+            index = torch.cuda.current_device() if index is None else index
+            used = torch.cuda.memory_allocated(index)
+            reserved = torch.cuda.memory_reserved(index)
+            total = torch.cuda.get_device_properties(index).total_memory
+        except Exception:  # a driver hiccup must not take the status line down
+            return None
+        return f"GPU {size_text(used)} used, {size_text(reserved)} reserved of {size_text(total)}"
+
+    def line(self, info: ModelInfo) -> str:
+        parts = [f"{info.device} {info.dtype}", self.gpu(), self.ram(), f"{info.target} ⇐ {info.draft}"]
+        return " · ".join(p for p in parts if p)
