@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import torch
 
+from .cpu_linear import speed_up_cpu_linears
 from .config import GenerationConfig, LoadConfig, TreeConfig, split_options
 from .drafter import TreeDrafter
 from .engine import SpeculativeEngine
@@ -71,12 +72,16 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
                      attn_implementation=load_cfg.attn_implementation, progress=progress)
 
+    if device.type == "cpu":
+        for model in (t.model, d.model):
+            speed_up_cpu_linears(model)  # same math, kernels that suit few-token passes on CPU
+
     model_limit = getattr(t.model.config, "max_position_embeddings", None) or load_cfg.max_context
     max_context = min(load_cfg.max_context, model_limit)
     budget_room = load_cfg.max_budget + 1  # the tree's nodes plus its root
     target_runner = ModelRunner(t.model, capacity=max_context + budget_room)
     # the draft also needs scratch slots for every node it expands while growing a tree
-    draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + tree_cfg.max_beams)
+    draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64)
     engine = SpeculativeEngine(target_runner, TreeDrafter(draft_runner), max_context=max_context,
                                max_budget=load_cfg.max_budget)
     info = ModelInfo(target=t.name, draft=d.name, device=str(device), dtype=str(dtype).replace("torch.", ""),

@@ -55,7 +55,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-budget", type=int, help=f"largest tree budget allowed (default {_LOAD.max_budget})")
     t = p.add_argument_group("speculation tree")
     t.add_argument("--budget", type=int, help=f"draft tokens per tree (default {_TREE.budget})")
-    t.add_argument("--max-beams", type=int, help=f"nodes expanded per draft step (default {_TREE.max_beams})")
+    t.add_argument("--max-beams", type=int, help="nodes expanded per draft step (default: auto, budget/8 within [4, 64])")
     t.add_argument("--branch", type=int, help=f"children per expanded node (default {_TREE.branch})")
     t.add_argument("--max-depth", type=int, help=f"deepest tree level (default {_TREE.max_depth})")
     t.add_argument("--chain", type=int, metavar="DEPTH", help="classic speculative decoding: one draft chain")
@@ -89,6 +89,16 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--no-speculate", action="store_true", help="plain autoregressive decoding of the target")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+
+    b = sub.add_parser("bench", help="tokens per pass and tokens/s of several set-ups on a prompt file")
+    _add_model_args(b)
+    b.add_argument("--prompts", required=True, help="JSONL ({'turns': [...]} or {'prompt': ...}) or text file")
+    b.add_argument("--n", type=int, default=20, help="prompts to use (default 20)")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--budgets", default="ar,chain5,16,64,256,1024",
+                   help="comma list of set-ups: ar, chainN, or a tree budget (default ar,chain5,16,64,256,1024)")
+    b.add_argument("--out", default="bench-out", help="output directory (bench.json, bench.md)")
 
     c = sub.add_parser("chat", help="the terminal chat")
     _add_model_args(c)
@@ -141,6 +151,40 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import offspec
+    from tqdm import tqdm
+
+    from .bench import parse_setups, run_bench
+    from .prompts import read_prompts
+
+    prompts = read_prompts(args.prompts, args.n)
+    options = load_options(args)
+    setups = parse_setups(args.budgets, TreeConfig())
+    budgets = [s.tree.budget for s in setups if s.tree is not None]
+    options.setdefault("max_budget", max(budgets + [options.get("budget", _TREE.budget), 1]))
+    generator = offspec.load(progress=TqdmProgress(), **options)
+    bar = tqdm(total=len(prompts) * len(setups), file=sys.stderr, desc="bench", dynamic_ncols=True)
+
+    def on_progress(name: str, done: int, total: int) -> None:
+        bar.set_description(f"bench {name}")
+        if done:
+            bar.update(1)
+
+    report = run_bench(generator, prompts, setups, max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, out_dir=Path(args.out), on_progress=on_progress)
+    bar.close()
+    from .bench import markdown_table
+
+    print(markdown_table(report))
+    mismatches = sum(s.get("greedy_mismatches", 0) for s in report["setups"].values())
+    if mismatches:
+        print(f"WARNING: {mismatches} greedy run(s) differ from the autoregressive target", file=sys.stderr)
+    return 0
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -151,7 +195,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    commands = {"setup": _cmd_setup, "generate": _cmd_generate, "chat": _cmd_chat}
+    commands = {"setup": _cmd_setup, "generate": _cmd_generate, "bench": _cmd_bench, "chat": _cmd_chat}
     try:
         return commands[args.command](args)
     except OffspecError as exc:

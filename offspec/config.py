@@ -13,14 +13,20 @@ class TreeConfig:
     """Shape of the speculation tree (SpecExec)."""
 
     budget: int = 64  # draft tokens in the tree; the target verifies budget + 1 tokens (the root too)
-    max_beams: int = 16  # nodes expanded per draft step, in one batched draft forward
+    max_beams: int = 0  # nodes expanded per draft step, in one batched draft forward; 0 = auto (see `beams`)
     branch: int = 8  # children added per expanded node (the draft's top-k)
     max_depth: int = 32  # nodes deeper than this are never expanded
+
+    @property
+    def beams(self) -> int:
+        """Nodes expanded per draft step: `max_beams`, or when 0, budget/8 within [4, 64] (bigger trees
+        take wider steps, so the number of sequential draft forwards grows slowly with the budget)."""
+        return self.max_beams if self.max_beams > 0 else min(64, max(4, self.budget // 8))
 
     def validate(self) -> "TreeConfig":
         for name in ("budget", "max_beams", "branch", "max_depth"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value == 0 and name != "max_beams"):
                 raise OffspecError(f"{name} must be a positive integer, got {value!r}; pass e.g. --{name.replace('_', '-')} 64")
         return self
 

@@ -39,7 +39,7 @@ class TreeDrafter:
         self._base = 0  # committed length when the current tree was proposed
 
     def _tree_for(self, config: TreeConfig) -> DraftTree:
-        capacity = config.budget + 1 + config.max_beams * config.branch
+        capacity = config.budget + 1 + config.beams * config.branch
         if self._tree is None or self._tree.capacity != capacity:
             self._tree = DraftTree(capacity, self.runner.device)
         return self._tree
@@ -58,7 +58,7 @@ class TreeDrafter:
         next_slot = n_committed  # first free scratch slot
         root_pos = n_committed - 1
         while True:
-            frontier = tree.frontier(config.max_beams, config.max_depth)  # (k,) best open nodes
+            frontier = tree.frontier(config.beams, config.max_depth)  # (k,) best open nodes
             if not tree.can_improve(config.budget, frontier):
                 break
             k = int(frontier.numel())

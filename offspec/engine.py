@@ -8,6 +8,7 @@ State: the committed token sequence `tokens`. Invariants between passes:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -101,8 +102,7 @@ class SpeculativeEngine:
         T = target.length  # target cache slots in use; the root goes to slot T
         budget = min(config.budget, self.max_budget, target.capacity - T - 1)
         if budget < config.budget:
-            config = TreeConfig(budget=max(budget, 1), max_beams=config.max_beams, branch=config.branch,
-                                max_depth=config.max_depth)
+            config = replace(config, budget=max(budget, 1))  # near the context limit: a smaller tree
 
         t0 = _clock(device)
         tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature)
