@@ -84,12 +84,21 @@ class LoadConfig:
     max_context: int = 4096  # tokens of conversation the caches hold (capped by the model's own limit)
     max_budget: int = 4096  # the largest tree budget a call may ask for (the KV caches reserve room for it)
     attn_implementation: str = "sdpa"
+    # offloading (the target's decoder layers: resident on the device -> host RAM -> SSD)
+    device_mem: Optional[str] = None  # device memory budget, e.g. "22GB"; None = what is free minus headroom
+    ram_mem: Optional[str] = None  # host RAM budget for streamed layers; None = what is free minus headroom
+    quant: str = "none"  # the target's streamed layers: none, nf4 or int8
+    draft_quant: str = "none"  # the draft: none, nf4 or int8
+    offload_dir: Optional[str] = None  # where packed per-layer files live; None = the cache dir
 
     def validate(self) -> "LoadConfig":
         if self.max_context <= 1:
             raise OffspecError(f"max_context must be > 1, got {self.max_context}")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "float64"):
             raise OffspecError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
+        for name in ("quant", "draft_quant"):
+            if getattr(self, name) not in ("none", "nf4", "int8"):
+                raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, nf4 or int8")
         return self
 
 

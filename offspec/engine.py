@@ -68,13 +68,16 @@ class SpeculativeEngine:
     def autoregressive_step(self, chooser: TokenChooser) -> tuple[list[int], PassStats]:
         """The baseline: the target alone, one token per pass."""
         t0 = _clock(self.target.device)
+        io0 = self.target.io_counters()
         root_slot = self.target.length  # == len(tokens) - 1
         hidden = self.target.extend([self.tokens[-1]])
         token = chooser.choose(self.target.logits(hidden))  # sync: the token is needed on the host
         self.tokens.append(token)
         assert self.target.length == len(self.tokens) - 1 == root_slot + 1
+        io1 = self.target.io_counters()
         stats = PassStats(tree_size=0, accepted=0, emitted=1, draft_seconds=0.0,
-                          target_seconds=_clock(self.target.device) - t0, budget=0)
+                          target_seconds=_clock(self.target.device) - t0, budget=0,
+                          io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0])
         return [token], stats
 
     def score_tree(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,6 +110,7 @@ class SpeculativeEngine:
         t0 = _clock(device)
         tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature)
         t1 = _clock(device)
+        io0 = target.io_counters()
 
         n = tree.n
         hidden, slots = self.score_tree(tree)
@@ -121,6 +125,7 @@ class SpeculativeEngine:
         self.tokens.extend(new_tokens)
         self.drafter.observe(path, len(self.tokens))
         t2 = _clock(device)
+        io1 = target.io_counters()
 
         tree_view = None
         if snapshot:
@@ -128,5 +133,5 @@ class SpeculativeEngine:
                                      accepted=tuple(path), bonus_token=bonus)
         stats = PassStats(tree_size=n - 1, accepted=len(accepted), emitted=len(new_tokens), draft_seconds=t1 - t0,
                           target_seconds=t2 - t1, budget=config.budget, depth_counts=tuple(tree.depth_counts()),
-                          tree=tree_view)
+                          tree=tree_view, io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0])
         return new_tokens, stats

@@ -21,6 +21,11 @@ class ModelRunner:
         self.capacity = capacity
         self.cache = SlotKVCache(model.config.num_hidden_layers, capacity)
         self._min = torch.finfo(self.dtype).min
+        self.io = None  # an offloading streamer with `counters() -> (bytes streamed, seconds waited)`, if any
+
+    def io_counters(self) -> tuple[int, float]:
+        """Cumulative (weight bytes streamed, seconds spent waiting for weights); zeros when nothing streams."""
+        return self.io.counters() if self.io is not None else (0, 0.0)
 
     @property
     def length(self) -> int:

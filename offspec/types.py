@@ -30,6 +30,8 @@ class PassStats:
     target_seconds: float  # the target's forward pass and the acceptance walk
     budget: int  # tree budget asked for in this pass
     depth_counts: tuple[int, ...] = ()  # tree nodes at depth 1, 2, ...
+    io_wait_seconds: float = 0.0  # part of target_seconds spent waiting for streamed weights (offloading)
+    bytes_streamed: int = 0  # weight bytes streamed to the device for this pass
     tree: Optional[TreeSnapshot] = None  # filled in for the last pass of a call (for the UI's tree panel)
 
 
