@@ -123,11 +123,12 @@ class Generator:
             if cut is not None:
                 text, stop_reason = text[:cut], "stop"
                 out = _trim_ids_to_text(self, out, text)
+            # one event per pass (the UI wants every pass's statistics), with the text that is safe to show
             visible = _safe_prefix(text, gen.stop, final=stop_reason is not None)
-            if len(visible) > len(text_sent) or stats:
-                delta = visible[len(text_sent):] if visible.startswith(text_sent) else ""
-                text_sent = visible if visible.startswith(text_sent) else text_sent
-                yield TextDelta(text=delta, token_ids=tuple(new[:keep]), stats=stats)
+            delta = ""
+            if len(visible) > len(text_sent) and visible.startswith(text_sent):
+                delta, text_sent = visible[len(text_sent):], visible
+            yield TextDelta(text=delta, token_ids=tuple(new[:keep]), stats=stats)
         text = self.decode(out)
         cut = _find_stop(text, gen.stop)
         if cut is not None:

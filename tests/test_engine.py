@@ -141,3 +141,13 @@ def test_sampling_is_reproducible_with_a_seed(tiny_pair):
     a = tiny_pair.generate("Hello", max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7)
     b = tiny_pair.generate("Hello", max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7)
     assert a.token_ids == b.token_ids
+
+
+def test_budget_4096_builds_a_full_tree_and_stays_lossless(tiny_dirs):
+    target, draft = tiny_dirs[("qwen2", 0)]
+    gen = offspec.load(str(target), str(draft), dtype="float64", max_context=128, max_budget=4096)
+    plain = gen.generate("Hi", max_new_tokens=12, speculate=False)
+    spec = gen.generate("Hi", max_new_tokens=12, budget=4096)
+    assert spec.token_ids == plain.token_ids
+    assert spec.passes[0].tree_size == 4096
+    assert spec.passes[0].budget == 4096
