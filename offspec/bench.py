@@ -1,9 +1,11 @@
-"""`offspec bench`: the same prompts through several decoding set-ups, side by side.
+"""`offspec bench`: the same prompts through several decoding set-ups, side by side, in one run.
 
-Set-ups: `ar` (the target alone, autoregressive), `chainN` (classic speculative decoding, one draft chain
-of depth N) and plain integers (SpecExec trees of that budget). Greedy runs are checked token for token
-against `ar` when it is among the set-ups. Results: a Markdown table and a JSON file with every
-per-prompt number; partial results are written after each prompt, so a long run can be stopped.
+Set-ups (comma list): `ar` (the target alone, autoregressive), `hf` (transformers' own assisted
+generation with the same draft: a single chain), `chainN` (offspec with one draft chain of depth N),
+integers (offspec trees of that budget) and `auto` (the budget the generator would pick itself).
+Greedy runs are checked token for token against `ar` (run first when present); a mismatch is counted and
+reported loudly. Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the
+environment; the JSON is rewritten after each prompt, so a long run can be stopped and still read.
 """
 
 from __future__ import annotations
@@ -23,57 +25,103 @@ from .errors import OffspecError
 @dataclass(frozen=True)
 class Setup:
     name: str
-    speculate: bool
-    tree: Optional[TreeConfig] = None
+    kind: str  # "ar", "hf", "tree"
+    tree: Optional[TreeConfig] = None  # None with kind "tree" = the generator's own default ("auto")
 
 
 def parse_setups(spec: str, base: TreeConfig) -> list[Setup]:
     setups = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         if item == "ar":
-            setups.append(Setup("ar", speculate=False))
-        elif item.startswith("chain") and item[5:].isdigit():
-            setups.append(Setup(item, speculate=True, tree=TreeConfig.chain(int(item[5:]))))
+            setups.append(Setup("ar", "ar"))
+        elif item == "hf":
+            setups.append(Setup("hf-assisted", "hf"))
+        elif item == "auto":
+            setups.append(Setup("auto", "tree"))
+        elif item.startswith("chain") and item[5:].isdigit() and int(item[5:]) > 0:
+            setups.append(Setup(item, "tree", TreeConfig.chain(int(item[5:]))))
         elif item.isdigit() and int(item) > 0:
-            setups.append(Setup(f"tree{item}", speculate=True, tree=replace(base, budget=int(item))))
+            setups.append(Setup(f"tree{item}", "tree", replace(base, budget=int(item))))
         else:
-            raise OffspecError(f"unknown set-up {item!r} in --budgets; use ar, chainN or a positive budget")
+            raise OffspecError(f"unknown set-up {item!r} in --budgets; use ar, hf, auto, chainN or a positive budget")
+    if not setups:
+        raise OffspecError("--budgets names no set-up; e.g. --budgets ar,hf,16,64,auto")
+    setups.sort(key=lambda s: s.kind != "ar")  # the reference first, so every greedy run can be checked
     return setups
 
 
-def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tokens: int, temperature: float,
-              out_dir: Path, n_per_setup: Optional[int] = None,
-              on_progress: Callable[[str, int, int], None] = lambda *a: None) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = {"environment": environment(generator), "max_new_tokens": max_new_tokens, "temperature": temperature,
-              "setups": {}}
-    reference: dict[int, list[int]] = {}
-    saved_tree = generator.tree
+def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temperature: float, seed: int) -> dict:
+    """One prompt through one set-up; the per-prompt record of the JSON."""
+    if setup.kind == "hf":
+        return _run_hf_assisted(generator, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    saved = generator.tree
     try:
-        for setup in setups:
-            runs = []
-            chosen = prompts[: n_per_setup or len(prompts)]
-            for i, prompt in enumerate(chosen):
-                on_progress(setup.name, i, len(chosen))
-                if setup.tree is not None:
-                    generator.tree = setup.tree
-                result = generator.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                                            seed=i, speculate=setup.speculate)
-                run = {"prompt": i, "tokens": len(result.token_ids), "passes": result.n_passes,
-                       "tokens_per_pass": result.tokens_per_pass, "seconds": result.seconds,
-                       "tokens_per_second": result.tokens_per_second, "draft_seconds": result.draft_seconds,
-                       "target_seconds": result.target_seconds, "token_ids": result.token_ids}
-                if setup.name == "ar":
-                    reference[i] = result.token_ids
-                elif temperature == 0 and i in reference:
-                    run["matches_ar"] = result.token_ids == reference[i]
-                runs.append(run)
-                report["setups"][setup.name] = summarize(runs)
-                _write_json(out_dir / "bench.json", report)
-            on_progress(setup.name, len(chosen), len(chosen))
+        if setup.tree is not None:
+            generator.tree = setup.tree
+        result = generator.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                    speculate=setup.kind == "tree")
     finally:
-        generator.tree = saved_tree
+        generator.tree = saved
+    return {"tokens": len(result.token_ids), "passes": result.n_passes, "seconds": result.seconds,
+            "draft_seconds": result.draft_seconds, "target_seconds": result.target_seconds,
+            "io_wait_seconds": sum(p.io_wait_seconds for p in result.passes),
+            "bytes_streamed": sum(p.bytes_streamed for p in result.passes),
+            "budgets": sorted({p.budget for p in result.passes}), "token_ids": result.token_ids}
+
+
+def _run_hf_assisted(generator, prompt: str, *, max_new_tokens: int, temperature: float, seed: int) -> dict:
+    """transformers' assisted generation (`assistant_model=`): the same target and draft modules, plain
+    `generate()`. Target passes are counted with a forward hook on the target."""
+    import torch
+
+    target = generator.engine.target.model
+    draft = generator.engine.drafter.runner.model
+    ids = torch.tensor([generator.encode(prompt)], device=generator.engine.target.device)
+    calls = [0]
+    hook = target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    kwargs = dict(max_new_tokens=max_new_tokens, assistant_model=draft, eos_token_id=sorted(generator.eos_ids),
+                  pad_token_id=sorted(generator.eos_ids)[0], attention_mask=torch.ones_like(ids))
+    if temperature > 0:
+        torch.manual_seed(seed)
+        kwargs.update(do_sample=True, temperature=temperature)
+    else:
+        kwargs.update(do_sample=False)
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            out = target.generate(ids, **kwargs)
+    finally:
+        hook.remove()
+    seconds = time.perf_counter() - start
+    new = out[0, ids.shape[1]:].tolist()
+    if new and new[-1] in generator.eos_ids:
+        new = new[:-1]  # offspec does not count the end-of-sequence token either
+    return {"tokens": len(new), "passes": calls[0], "seconds": seconds, "draft_seconds": 0.0,
+            "target_seconds": 0.0, "io_wait_seconds": 0.0, "bytes_streamed": 0, "budgets": [],
+            "token_ids": new}
+
+
+def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tokens: int, temperature: float,
+              out_dir: Path, on_progress: Callable[[str], None] = lambda name: None) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {"environment": environment(generator), "max_new_tokens": max_new_tokens,
+              "temperature": temperature, "prompts": len(prompts), "setups": {}}
+    reference: dict[int, list[int]] = {}
+    for setup in setups:
+        runs = []
+        for i, prompt in enumerate(prompts):
+            run = {"prompt": i, **run_one(generator, setup, prompt, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, seed=i)}
+            if setup.kind == "ar":
+                reference[i] = run["token_ids"]
+            elif temperature == 0 and i in reference:
+                run["matches_ar"] = run["token_ids"] == reference[i]
+            runs.append(run)
+            report["setups"][setup.name] = summarize(runs)
+            write_json(out_dir / "bench.json", report)
+            on_progress(setup.name)
     (out_dir / "bench.md").write_text(markdown_table(report), encoding="utf-8")
+    plot(report, out_dir / "bench.png")
     return report
 
 
@@ -81,12 +129,16 @@ def summarize(runs: list[dict]) -> dict:
     tokens = sum(r["tokens"] for r in runs)
     passes = sum(r["passes"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
+    per_pass = (lambda key: sum(r[key] for r in runs) / passes) if passes else (lambda key: 0.0)
     summary = {
         "prompts": len(runs), "tokens": tokens, "passes": passes,
         "tokens_per_pass": tokens / passes if passes else 0.0,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
-        "draft_seconds_per_pass": sum(r["draft_seconds"] for r in runs) / passes if passes else 0.0,
-        "target_seconds_per_pass": sum(r["target_seconds"] for r in runs) / passes if passes else 0.0,
+        "draft_seconds_per_pass": per_pass("draft_seconds"),
+        "target_seconds_per_pass": per_pass("target_seconds"),
+        "io_wait_seconds_per_pass": per_pass("io_wait_seconds"),
+        "bytes_streamed_per_pass": per_pass("bytes_streamed"),
+        "budgets": sorted({b for r in runs for b in r["budgets"]}),
         "runs": runs,
     }
     checked = [r["matches_ar"] for r in runs if "matches_ar" in r]
@@ -99,13 +151,44 @@ def markdown_table(report: dict) -> str:
     setups = report["setups"]
     ar = setups.get("ar")
     lines = ["| set-up | prompts | tokens/pass | tokens/s | speed-up vs ar | draft s/pass | target s/pass | "
-             "greedy mismatches |", "|---|---|---|---|---|---|---|---|"]
+             "MB streamed/pass | greedy mismatches vs ar |", "|---|---|---|---|---|---|---|---|---|"]
     for name, s in setups.items():
         speedup = f"{s['tokens_per_second'] / ar['tokens_per_second']:.2f}x" if ar and ar["tokens_per_second"] else "-"
-        mism = str(s.get("greedy_mismatches", "-"))
-        lines.append(f"| {name} | {s['prompts']} | {s['tokens_per_pass']:.2f} | {s['tokens_per_second']:.2f} | "
-                     f"{speedup} | {s['draft_seconds_per_pass']:.3f} | {s['target_seconds_per_pass']:.3f} | {mism} |")
+        label = name if name != "auto" else f"auto (budget {','.join(map(str, s['budgets']))})"
+        lines.append(f"| {label} | {s['prompts']} | {s['tokens_per_pass']:.2f} | {s['tokens_per_second']:.2f} | "
+                     f"{speedup} | {s['draft_seconds_per_pass']:.3f} | {s['target_seconds_per_pass']:.3f} | "
+                     f"{s['bytes_streamed_per_pass'] / 1e6:.0f} | {s.get('greedy_mismatches', '-')} |")
     return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    """Tokens/s and tokens per pass vs tree budget (trees), with the other set-ups as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    setups = report["setups"]
+    trees = sorted(((int(n[4:]), s) for n, s in setups.items() if n.startswith("tree")), key=lambda x: x[0])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "tokens_per_second", "tokens/s"), (axes[1], "tokens_per_pass", "tokens per pass")):
+        if trees:
+            ax.plot([b for b, _ in trees], [s[key] for _, s in trees], "o-", label="offspec tree")
+            ax.set_xscale("log", base=2)
+        for i, (name, s) in enumerate((n, s) for n, s in setups.items() if not n.startswith("tree")):
+            ax.axhline(s[key], linestyle="--", color=f"C{i + 1}", label=name)
+        ax.set_xlabel("tree budget (draft tokens per pass)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    env = report["environment"]
+    fig.suptitle(f"{env['target']} + {env['draft']} on {env['device']} ({env['cpu']}, {env['cores']} cores)",
+                 fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
 
 
 def environment(generator) -> dict:
@@ -114,13 +197,17 @@ def environment(generator) -> dict:
     import transformers
 
     info = generator.info
-    return {"target": info.target, "draft": info.draft, "device": info.device, "dtype": info.dtype,
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "ram_gb": round(psutil.virtual_memory().total / 2**30, 1), "torch": torch.__version__,
-            "transformers": transformers.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    env = {"target": info.target, "draft": info.draft, "device": info.device, "dtype": info.dtype,
+           "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+           "ram_gb": round(psutil.virtual_memory().total / 2**30, 1), "torch": torch.__version__,
+           "transformers": transformers.__version__, "python": platform.python_version(),
+           "time": time.strftime("%Y-%m-%d %H:%M:%S"), "extra": info.extra}
+    if info.device.startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
 
 
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
     os.replace(tmp, path)

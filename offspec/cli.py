@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Optional
 
-from .config import GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
+from .config import AUTO_BUDGET, GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
 from .errors import OffspecError
 from .progress import ProgressEvent
 
@@ -45,6 +45,16 @@ class TqdmProgress:
             del self.bars[event.step]
 
 
+def _budget_arg(text: str):
+    """--budget: "auto" or an integer (a budget <= 0 is refused later, as one `error:` line)."""
+    if text.strip().lower() == AUTO_BUDGET:
+        return AUTO_BUDGET
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", help="target model: local HF dir, .gguf file or hub id (default: built-in pair)")
@@ -53,8 +63,17 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     g.add_argument("--max-context", type=int, help=f"context limit in tokens (default {_LOAD.max_context})")
     g.add_argument("--max-budget", type=int, help=f"largest tree budget allowed (default {_LOAD.max_budget})")
+    o = p.add_argument_group("offloading (the target's layers: resident on the device, streamed from RAM or SSD)")
+    o.add_argument("--device-mem", metavar="SIZE", help="device memory budget, e.g. 22GB or 512MiB "
+                   "(default: what is free); on CPU it caps offspec's process memory")
+    o.add_argument("--ram-mem", metavar="SIZE", help="host RAM budget for layers streamed from RAM "
+                   "(default: what is free on CUDA machines, 0 on CPU)")
+    o.add_argument("--quant", choices=["none", "nf4", "int8"], help="the target's layers in 4-bit NF4 or 8-bit (bitsandbytes)")
+    o.add_argument("--draft-quant", choices=["none", "nf4", "int8"], help="the draft's layers, same formats")
+    o.add_argument("--offload-dir", metavar="DIR", help="where packed per-layer files live (default: the cache dir)")
     t = p.add_argument_group("speculation tree")
-    t.add_argument("--budget", type=int, help=f"draft tokens per tree (default {_TREE.budget})")
+    t.add_argument("--budget", type=_budget_arg, help="draft tokens per tree, or auto (the default: planned from "
+                   "this machine's measured profile, see `offspec profile`, else a quick start-up estimate)")
     t.add_argument("--max-beams", type=int, help="nodes expanded per draft step (default: auto, budget/8 within [4, 64])")
     t.add_argument("--branch", type=int, help=f"children per expanded node (default {_TREE.branch})")
     t.add_argument("--max-depth", type=int, help=f"deepest tree level (default {_TREE.max_depth})")
@@ -63,7 +82,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword options for `offspec.load` from parsed CLI flags (flags not given are left out)."""
-    names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth"]
+    names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth",
+             "device_mem", "ram_mem", "quant", "draft_quant", "offload_dir"]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "chain", None) is not None:
         chain = TreeConfig.chain(args.chain)
@@ -96,8 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--n", type=int, default=20, help="prompts to use (default 20)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--budgets", default="ar,chain5,16,64,256,1024",
-                   help="comma list of set-ups: ar, chainN, or a tree budget (default ar,chain5,16,64,256,1024)")
+    b.add_argument("--budgets", default="ar,hf,16,64,256,1024",
+                   help="comma list of set-ups: ar (target alone), hf (transformers assisted generation), chainN, "
+                        "a tree budget, auto (default ar,hf,16,64,256,1024)")
     b.add_argument("--out", default="bench-out", help="output directory (bench.json, bench.md)")
 
     c = sub.add_parser("chat", help="the terminal chat")
@@ -164,31 +185,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import offspec
     from tqdm import tqdm
 
-    from .bench import parse_setups, run_bench
+    from .bench import markdown_table, parse_setups, run_bench
     from .prompts import read_prompts
 
     prompts = read_prompts(args.prompts, args.n)
-    options = load_options(args)
     setups = parse_setups(args.budgets, TreeConfig())
-    budgets = [s.tree.budget for s in setups if s.tree is not None]
-    options.setdefault("max_budget", max(budgets + [options.get("budget", _TREE.budget), 1]))
+    options = load_options(args)
+    budgets = [s.tree.budget for s in setups if s.tree is not None] + [_TREE.budget]
+    options.setdefault("max_budget", max(budgets))
     generator = offspec.load(progress=TqdmProgress(), **options)
-    bar = tqdm(total=len(prompts) * len(setups), file=sys.stderr, desc="bench", dynamic_ncols=True)
-
-    def on_progress(name: str, done: int, total: int) -> None:
-        bar.set_description(f"bench {name}")
-        if done:
-            bar.update(1)
-
-    report = run_bench(generator, prompts, setups, max_new_tokens=args.max_new_tokens,
-                       temperature=args.temperature, out_dir=Path(args.out), on_progress=on_progress)
-    bar.close()
-    from .bench import markdown_table
-
+    with tqdm(total=len(prompts) * len(setups), file=sys.stderr, desc="bench", dynamic_ncols=True) as bar:
+        report = run_bench(generator, prompts, setups, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, out_dir=Path(args.out),
+                           on_progress=lambda name: (bar.set_description(f"bench {name}"), bar.update(1)))
     print(markdown_table(report))
+    print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
     mismatches = sum(s.get("greedy_mismatches", 0) for s in report["setups"].values())
     if mismatches:
-        print(f"WARNING: {mismatches} greedy run(s) differ from the autoregressive target", file=sys.stderr)
+        print(f"WARNING: {mismatches} greedy run(s) differ from the target's own greedy decoding (ar); "
+              f"see greedy_mismatches in bench.json", file=sys.stderr)
+        return 1
     return 0
 
 

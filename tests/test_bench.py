@@ -1,0 +1,97 @@
+"""`offspec bench` on tiny random models: every set-up, the prompt formats, and the greedy-equality check."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from offspec import OffspecError
+from offspec.bench import parse_setups, run_bench
+from offspec.config import TreeConfig
+from offspec.prompts import read_prompts
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_prompt_file_formats(tmp_path):
+    mt = tmp_path / "mt.jsonl"
+    mt.write_text('{"question_id": 1, "turns": ["first?", "second?"]}\n\n{"turns": ["again"]}\n')
+    assert read_prompts(mt) == ["first?", "again"]
+    pj = tmp_path / "p.jsonl"
+    pj.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"}\n')
+    assert read_prompts(pj, n=2) == ["a", "b"]
+    txt = tmp_path / "p.txt"
+    txt.write_text("one prompt\n\nanother prompt\n")
+    assert read_prompts(txt) == ["one prompt", "another prompt"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "ok"}\n{"prompt": broken}\n', r":2: not valid JSON"),
+    ('{"prompt": "ok"}\n{"text": "x"}\n', r":2: expected"),
+    ("\n\n", "holds no prompts"),
+])
+def test_bad_prompt_files_name_the_line(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(OffspecError, match=message):
+        read_prompts(path)
+
+
+def test_missing_prompt_file_and_bad_setups(tmp_path):
+    with pytest.raises(OffspecError, match="not found"):
+        read_prompts(tmp_path / "nope.jsonl")
+    with pytest.raises(OffspecError, match="unknown set-up"):
+        parse_setups("ar,fast", TreeConfig())
+    names = [s.name for s in parse_setups("64,chain5,ar,hf,auto", TreeConfig())]
+    assert names[0] == "ar" and set(names) == {"ar", "tree64", "chain5", "hf-assisted", "auto"}
+
+
+def test_every_setup_runs_and_greedy_runs_match(tiny_pair, tmp_path):
+    prompts = ["Hello", "def f(x):"]
+    setups = parse_setups("ar,hf,chain4,8,64,auto", TreeConfig())
+    report = run_bench(tiny_pair, prompts, setups, max_new_tokens=16, temperature=0.0, out_dir=tmp_path)
+    assert set(report["setups"]) == {"ar", "hf-assisted", "chain4", "tree8", "tree64", "auto"}
+    for name, s in report["setups"].items():
+        assert s["prompts"] == 2 and s["tokens"] > 0 and s["passes"] > 0
+        if name != "ar":
+            assert s["greedy_mismatches"] == 0, name
+    assert report["setups"]["ar"]["tokens_per_pass"] == 1.0
+    assert report["setups"]["tree64"]["budgets"] == [64]
+    assert report["setups"]["tree64"]["tokens_per_pass"] > 1.0
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["environment"]["target"] and len(saved["setups"]["tree8"]["runs"]) == 2
+    table = (tmp_path / "bench.md").read_text()
+    assert "| tree64 | 2 |" in table and "greedy mismatches" in table
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_an_injected_mismatch_is_reported(tiny_pair, tmp_path, monkeypatch):
+    real_generate = tiny_pair.generate
+
+    def corrupt(prompt, **kwargs):
+        result = real_generate(prompt, **kwargs)
+        if kwargs.get("speculate"):
+            result.token_ids[-1] += 1  # a lossy "speed-up"
+        return result
+
+    monkeypatch.setattr(tiny_pair, "generate", corrupt)
+    report = run_bench(tiny_pair, ["Hello", "Hi"], parse_setups("ar,16", TreeConfig()), max_new_tokens=8,
+                       temperature=0.0, out_dir=tmp_path)
+    assert report["setups"]["tree16"]["greedy_mismatches"] == 2
+    assert "| tree16 | 2 |" in (tmp_path / "bench.md").read_text()
+
+
+def test_bench_cli_writes_table_json_and_plot(tiny_dirs, tmp_path):
+    target, draft = tiny_dirs[("llama", 0)]
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Hello\nWrite code\nThird one\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "bench", "--target", str(target), "--draft",
+                           str(draft), "--prompts", str(prompts), "--n", "2", "--max-new-tokens", "8",
+                           "--budgets", "ar,8", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| tree8 | 2 |" in proc.stdout
+    for name in ("bench.json", "bench.md", "bench.png"):
+        assert (tmp_path / "out" / name).exists()
