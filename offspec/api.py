@@ -7,11 +7,12 @@ from typing import Any, Optional
 import torch
 
 from .cpu_linear import speed_up_cpu_linears
-from .config import GenerationConfig, LoadConfig, TreeConfig, split_options
+from .config import GenerationConfig, LoadConfig, TreeConfig, split_auto_budget, split_options
 from .drafter import TreeDrafter
 from .engine import SpeculativeEngine
 from .errors import OffspecError
 from .generator import Generator
+from .offload.config import OffloadConfig
 from .progress import ProgressEvent, ProgressFn, no_progress
 from .runner import ModelRunner
 from .types import ModelInfo
@@ -60,6 +61,7 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     from .loading import load_pair  # heavy imports only when loading
 
     progress = progress or no_progress
+    options, auto_budget = split_auto_budget(options)  # budget="auto" (the default) is planned after loading
     load_cfg, tree_cfg, gen_cfg = split_options(dict(options, target=target, draft=draft),
                                                 LoadConfig, TreeConfig, GenerationConfig)
     load_cfg.validate()
@@ -67,10 +69,11 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     gen_cfg.validate()
     if tree_cfg.budget > load_cfg.max_budget:
         raise OffspecError(f"budget {tree_cfg.budget} is above max_budget {load_cfg.max_budget}; raise max_budget")
+    offload = OffloadConfig.from_load_config(load_cfg)  # offloading budgets; bad sizes fail here, before loading
     device = resolve_device(load_cfg.device)
     dtype = resolve_dtype(load_cfg.dtype, device)
     t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
-                     attn_implementation=load_cfg.attn_implementation, progress=progress)
+                     attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
 
     if device.type == "cpu":
         for model in (t.model, d.model):
@@ -82,11 +85,15 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     target_runner = ModelRunner(t.model, capacity=max_context + budget_room)
     # the draft also needs scratch slots for every node it expands while growing a tree
     draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64)
+    if t.offload is not None and t.offload.streamer is not None:
+        target_runner.io = t.offload.streamer  # offloading: bytes streamed and io wait per pass (PassStats)
     engine = SpeculativeEngine(target_runner, TreeDrafter(draft_runner), max_context=max_context,
                                max_budget=load_cfg.max_budget)
     info = ModelInfo(target=t.name, draft=d.name, device=str(device), dtype=str(dtype).replace("torch.", ""),
                      max_context=max_context, default_budget=tree_cfg.budget,
                      extra={"budget_source": "fixed" if "budget" in options else "default"})
+    if t.offload is not None:
+        info.extra["placement"] = t.offload.summary()  # offloading: where the target's layers live
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)
 
     progress(ProgressEvent("warmup", "warming up", 0, 1))
@@ -95,4 +102,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     engine.target.cache.truncate(0)
     draft_runner.cache.truncate(0)
     progress(ProgressEvent("warmup", "warming up", 1, 1, finished=True))
+    if auto_budget:  # budget="auto": plan the tree from a matching measured profile, else a quick start-up estimate
+        from .profile.auto import apply_auto_budget
+
+        apply_auto_budget(generator, load_cfg, progress)
     return generator

@@ -1,4 +1,4 @@
-"""The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat.
+"""The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat, bench, profile, plan.
 
 Errors a user can fix are one line on stderr (exit 2); Ctrl-C stops cleanly (exit 130).
 """
@@ -18,22 +18,33 @@ _TREE, _LOAD, _GEN, _SAMPLING = TreeConfig(), LoadConfig(), GenerationConfig(), 
 
 
 class TqdmProgress:
-    """Renders ProgressEvents as tqdm bars on stderr, one bar per step."""
+    """Renders ProgressEvents on stderr: a tqdm bar for steps with a known total, a line for the others."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.bars: dict[str, object] = {}
+        self.started: dict[str, float] = {}
 
     def __call__(self, event: ProgressEvent) -> None:
         if not self.enabled:
             return
+        import time
+
         from tqdm import tqdm
 
+        if event.total is None and event.step not in self.bars:
+            if event.step not in self.started:
+                self.started[event.step] = time.perf_counter()
+                print(f"{event.message} ...", file=sys.stderr, flush=True)
+            if event.finished:
+                elapsed = time.perf_counter() - self.started.pop(event.step)
+                print(f"{event.message}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
+            return
         bar = self.bars.get(event.step)
         if bar is None:
-            unit_scale = bool(event.total and event.total > 10_000)
-            bar = tqdm(total=event.total, desc=event.message, unit="B" if unit_scale else "it",
-                       unit_scale=unit_scale, file=sys.stderr, leave=True, dynamic_ncols=True)
+            big = bool(event.total and event.total > 10_000)
+            bar = tqdm(total=event.total, desc=event.message, unit="B" if big else "it", unit_scale=big,
+                       file=sys.stderr, leave=True, dynamic_ncols=True)
             self.bars[event.step] = bar
         bar.set_description(event.message)
         if event.total is not None and bar.total != event.total:
@@ -110,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--no-speculate", action="store_true", help="plain autoregressive decoding of the target")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
 
-    b = sub.add_parser("bench", help="tokens per pass and tokens/s of several set-ups on a prompt file")
+    b = sub.add_parser("bench", help="tokens per pass and tokens/s of several set-ups on a prompt file "
+                                     "(`offspec bench offload --help`: the offloading benchmark)")
     _add_model_args(b)
     b.add_argument("--prompts", required=True, help="JSONL ({'turns': [...]} or {'prompt': ...}) or text file")
     b.add_argument("--n", type=int, default=20, help="prompts to use (default 20)")
@@ -120,6 +132,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma list of set-ups: ar (target alone), hf (transformers assisted generation), chainN, "
                         "a tree budget, auto (default ar,hf,16,64,256,1024)")
     b.add_argument("--out", default="bench-out", help="output directory (bench.json, bench.md)")
+
+    sub.add_parser("profile", help="measure the machine and the model pair, choose the tree budget "
+                                   "(see `offspec profile --help`)", add_help=False)
+    sub.add_parser("plan", help="project tokens/s for hardware you do not have (see `offspec plan --help`)",
+                   add_help=False)
 
     c = sub.add_parser("chat", help="the terminal chat")
     _add_model_args(c)
@@ -216,10 +233,31 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return run_chat(load_options(args), data_dir=Path(args.data_dir) if args.data_dir else None)
 
 
+def _delegated(argv: list[str]):
+    """Sub-commands with their own parsers: `profile`, `plan` and `bench offload`."""
+    if argv[:1] == ["profile"]:
+        from .profile.cli import profile_main
+
+        return lambda: profile_main(argv[1:])
+    if argv[:1] == ["plan"]:
+        from .profile.cli import plan_main
+
+        return lambda: plan_main(argv[1:])
+    if argv[:2] == ["bench", "offload"]:
+        from .offload.bench import main as offload_bench_main
+
+        return lambda: offload_bench_main(argv[2:])
+    return None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"setup": _cmd_setup, "generate": _cmd_generate, "bench": _cmd_bench, "chat": _cmd_chat}
     try:
+        delegated = _delegated(argv)
+        if delegated is not None:
+            return delegated()
+        args = _parser().parse_args(argv)
         return commands[args.command](args)
     except OffspecError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 from .errors import OffspecError
 
+AUTO_BUDGET = "auto"  # budget="auto", the default: planned for this machine and model pair (offspec.profile)
+
 
 @dataclass(frozen=True)
 class TreeConfig:
@@ -27,7 +29,9 @@ class TreeConfig:
         for name in ("budget", "max_beams", "branch", "max_depth"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value == 0 and name != "max_beams"):
-                raise OffspecError(f"{name} must be a positive integer, got {value!r}; pass e.g. --{name.replace('_', '-')} 64")
+                auto = " or auto" if name == "budget" else ""
+                raise OffspecError(f"{name} must be a positive integer{auto}, got {value!r}; "
+                                   f"pass e.g. --{name.replace('_', '-')} 64")
         return self
 
     @classmethod
@@ -100,6 +104,20 @@ class LoadConfig:
             if getattr(self, name) not in ("none", "nf4", "int8"):
                 raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, nf4 or int8")
         return self
+
+
+def split_auto_budget(options: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Take budget="auto" (also what no budget means) out of load options: (options, is_auto).
+
+    With auto, the tree is planned after loading (`offspec.profile.auto`); until then TreeConfig keeps its
+    default budget, capped by max_budget."""
+    if options.get("budget", AUTO_BUDGET) != AUTO_BUDGET:
+        return options, False
+    rest = {k: v for k, v in options.items() if k != "budget"}
+    cap = rest.get("max_budget", LoadConfig.max_budget)
+    if isinstance(cap, int) and 0 < cap < TreeConfig.budget:
+        rest["budget"] = cap
+    return rest, True
 
 
 def split_options(options: dict[str, Any], *classes: type) -> list[Any]:

@@ -27,6 +27,9 @@ class Generator:
         self.eos_ids = eos_ids
         self.info = info
         self.tree = tree  # default tree shape; `budget=` per call overrides its budget
+        # budget="auto": an adaptive policy (offspec.profile.adapt) choosing each pass's tree via next_tree() and
+        # observing its PassStats; it applies to calls without `budget=` while `tree` is still its `base_tree`
+        self.policy = None
         self.generation = generation
         self._lock = threading.Lock()  # one generation at a time: the caches are shared state
 
@@ -78,12 +81,13 @@ class Generator:
         if not self._lock.acquire(blocking=False):
             raise OffspecError("a generation is already running on this generator; wait for it or cancel it")
         try:
-            yield from self._run(prompt_ids, sampling, gen, tree, cancel)
+            policy = self.policy if budget is None and getattr(self.policy, "base_tree", None) is self.tree else None
+            yield from self._run(prompt_ids, sampling, gen, tree, cancel, policy)
         finally:
             self._lock.release()
 
     def _run(self, prompt_ids: list[int], sampling: SamplingConfig, gen: GenerationConfig, tree: TreeConfig,
-             cancel: Optional[threading.Event]) -> Iterator[StreamEvent]:
+             cancel: Optional[threading.Event], policy=None) -> Iterator[StreamEvent]:
         engine = self.engine
         start = time.perf_counter()
         reused = engine.reset_to(prompt_ids)
@@ -100,7 +104,10 @@ class Generator:
                 stop_reason = "context"
                 break
             if gen.speculate:
-                new, stats = engine.speculative_step(tree, chooser, snapshot=True)
+                step_tree = policy.next_tree(tree) if policy is not None else tree
+                new, stats = engine.speculative_step(step_tree, chooser, snapshot=True)
+                if policy is not None:
+                    policy.observe(stats)  # budget="auto": running acceptance statistics, re-plans on drift
             else:
                 new, stats = engine.autoregressive_step(chooser)
             # Cut at EOS, at max_new_tokens and at the context limit; the caches may hold more, which the

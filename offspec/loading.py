@@ -27,6 +27,7 @@ class LoadedModel:
     path: Path
     model: Any  # transformers.PreTrainedModel
     tokenizer: Any  # transformers tokenizer
+    offload: Any = None  # offloading (offspec.offload.OffloadHandle): placement and layer streamer of a target
 
 
 def _reason(exc: BaseException) -> str:
@@ -147,12 +148,19 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
 
 def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: Union[torch.device, str],
               dtype: torch.dtype, attn_implementation: str = "sdpa",
-              progress: ProgressFn = no_progress) -> tuple[LoadedModel, LoadedModel]:
+              progress: ProgressFn = no_progress, offload: Any = None) -> tuple[LoadedModel, LoadedModel]:
     """Resolve, check and load a target and its draft. Tokenizers are compared before any weights load."""
     target_res = resolve_model(target_spec, "target", dtype=dtype, progress=progress)
     draft_res = resolve_model(draft_spec, "draft", dtype=dtype, progress=progress)
     target_tok, draft_tok = load_tokenizer(target_res), load_tokenizer(draft_res)
     _check_tokenizers(target_res.name, target_tok, draft_res.name, draft_tok)
+    if offload is not None:  # offloading (offspec/offload): the draft loads first, then the target's decoder
+        # layers are placed under the device/RAM budgets of `offload` (an OffloadConfig) and streamed as needed
+        from .offload.model import load_offloaded_pair
+
+        return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
+                                   dtype=dtype, attn_implementation=attn_implementation, config=offload,
+                                   progress=progress, load_model=load_model)
     target = load_model(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                         progress=progress, tokenizer=target_tok)
     draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,

@@ -87,7 +87,7 @@ class ReplyMeter:
 
 
 def budget_label(info: ModelInfo, fixed_budget: Optional[int], last_budget: Optional[int] = None) -> str:
-    """'budget 64 (profile)': the tree budget in use and where it came from (profile, default or fixed)."""
+    """'budget 64 (profile)': the tree budget in use and where it came from (profile, estimate, default or fixed)."""
     if fixed_budget is not None:
         return f"budget {fixed_budget} (fixed)"
     source = str(info.extra.get("budget_source", "default"))

@@ -15,7 +15,8 @@ from textual.widgets import Static
 STATUS_HELP = (
     "Status line: tokens per second of the reply · tokens per target pass (how many tokens each verification "
     "of the speculation tree gave; 1 means no speedup) · tree budget and where it came from (profile: measured "
-    "for this machine, default: built in, fixed: set in Settings) · target pass time split into waiting for "
+    "for this machine by `offspec profile`, estimate: timed at start-up, default: built in, fixed: set in "
+    "Settings) · target pass time split into waiting for "
     "streamed weights and computing · device, memory use and the models (target ⇐ draft).\n\n"
     "Tree panel: the last pass's tree. The accepted path is green, the target's own (bonus) token cyan; each "
     "depth lists how many nodes were drafted there and the largest rejected drafts with their subtree sizes."

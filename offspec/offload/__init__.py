@@ -1,0 +1,21 @@
+"""Offloading: run a target bigger than the device by streaming its decoder layers from RAM or SSD.
+
+- sizes.py      "22GB" / "512MiB" -> bytes
+- config.py     OffloadConfig (frozen) and every default
+- estimates.py  KV-cache and activation headroom from a model config
+- placement.py  Placement: each decoder layer on the device, in (pinned) RAM or on SSD, under the budgets
+- packed.py     packed per-layer files (one contiguous payload per layer) and their manifest
+- quant.py      NF4 / int8 weights through bitsandbytes, and the QuantLinear that computes with them
+- diskio.py     O_DIRECT reads into aligned (pinned) host buffers
+- streams.py    device-generic copy stream and events (CUDA streams; synchronous shims on CPU)
+- streamer.py   LayerStreamer: ring of device slots, copier and SSD read-ahead threads, io counters
+- binding.py    forward hooks binding a layer's parameters to views into its slot
+- checkpoint.py reading the original safetensors a few tensors at a time
+- model.py      load_offloaded / load_offloaded_pair: what offspec.load calls
+- bench.py      `offspec bench offload`
+"""
+
+from .config import OffloadConfig
+from .sizes import format_size, parse_size
+
+__all__ = ["OffloadConfig", "format_size", "parse_size"]

@@ -1,0 +1,73 @@
+"""Offloading settings: one frozen dataclass and every default in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import OffspecError
+from .sizes import parse_optional_size
+
+QUANTS = ("none", "nf4", "int8")
+RING_SLOTS = 2  # device slots the streamed layers rotate through (>= 2: one computes while the next loads)
+STAGING_BUFFERS = 2  # host staging buffers the SSD reader fills ahead of the copies
+FREE_FRACTION = 0.92  # share of the free device memory (or available RAM) a default budget takes
+# device memory offspec uses beyond its tensors (allocator slack, kernel workspaces, Python objects; on CUDA
+# also the context): charged to the device budget with the resident parts
+WORKSPACE = {"cuda": 512 * 2**20, "cpu": 48 * 2**20}
+HOST_RESERVE = 2 * 10**9  # RAM left to the OS and everything else when the host RAM budget defaults
+# Assumed speeds for the *predicted* pass time of the placement summary (`offspec bench offload` measures them).
+ASSUMED_BANDWIDTH = {  # bytes/s
+    "cuda": {"link": 20e9, "disk": 2e9, "memory": 1.5e12},  # PCIe 4 x16 pinned copies, NVMe, HBM
+    "cpu": {"link": 8e9, "disk": 1e9, "memory": 12e9},  # memcpy into slots, SSD, DRAM
+}
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Where the target's decoder layers may live. Sizes are bytes; None = derived from what is free."""
+
+    device_mem: Optional[int] = None  # everything offspec puts on the device: resident parts, KV caches, slots
+    ram_mem: Optional[int] = None  # host RAM for layers streamed from RAM (pinned on CUDA) and SSD staging
+    quant: str = "none"  # the target's decoder layers: none, nf4 or int8 (bitsandbytes formats)
+    draft_quant: str = "none"  # the draft's decoder layers, same formats (kept resident)
+    offload_dir: Optional[Path] = None  # packed per-layer files; None = <cache dir>/offload
+    max_context: int = 4096  # conversation tokens the KV caches hold (sizes the KV-cache headroom)
+    max_budget: int = 4096  # largest tree (sizes the KV-cache and activation headroom)
+    ring_slots: int = RING_SLOTS
+    staging_buffers: int = STAGING_BUFFERS
+    direct_io: bool = True  # SSD reads with O_DIRECT (no page cache); falls back to buffered + DONTNEED
+    verify: str = "first"  # checksum of each packed file: on its "first" read in a process, "always" or "never"
+    pack_always: bool = False  # use the packed store even when every layer fits (tests, benchmarks)
+
+    @classmethod
+    def from_options(cls, device_mem: Any = None, ram_mem: Any = None, quant: str = "none",
+                     draft_quant: str = "none", offload_dir: Optional[str] = None, **rest: Any) -> "OffloadConfig":
+        """From the user's options (sizes as text like "22GB"); bad input is a one-line OffspecError."""
+        return cls(device_mem=parse_optional_size(device_mem, "device_mem"),
+                   ram_mem=parse_optional_size(ram_mem, "ram_mem"), quant=quant, draft_quant=draft_quant,
+                   offload_dir=Path(offload_dir).expanduser() if offload_dir else None, **rest).validate()
+
+    @classmethod
+    def from_load_config(cls, load_cfg: Any) -> "OffloadConfig":
+        return cls.from_options(load_cfg.device_mem, load_cfg.ram_mem, load_cfg.quant, load_cfg.draft_quant,
+                                load_cfg.offload_dir, max_context=load_cfg.max_context,
+                                max_budget=load_cfg.max_budget)
+
+    @property
+    def explicit(self) -> bool:
+        """True when the user asked for offloading in any way (a budget or a format)."""
+        return self.device_mem is not None or self.ram_mem is not None or self.quant != "none"
+
+    def validate(self) -> "OffloadConfig":
+        for name in ("quant", "draft_quant"):
+            if getattr(self, name) not in QUANTS:
+                raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, nf4 or int8")
+        if self.ring_slots < 2:
+            raise OffspecError(f"ring_slots must be >= 2 (one slot computes while the next loads), got {self.ring_slots}")
+        if self.staging_buffers < 1:
+            raise OffspecError(f"staging_buffers must be >= 1, got {self.staging_buffers}")
+        if self.verify not in ("first", "always", "never"):
+            raise OffspecError(f"verify must be first, always or never, got {self.verify!r}")
+        return self

@@ -1,0 +1,221 @@
+"""Placing the target's decoder layers under a device budget and a host RAM budget.
+
+Tiers, best first: "device" (resident), "ram" (a host copy, pinned on CUDA, copied in every pass), "ssd"
+(the packed file, read ahead every pass). Embeddings, final norm, LM head, the KV caches, the activations
+of the largest tree and the whole draft are resident and charged to the device budget first, then a ring of
+slots for streamed layers; what is left holds resident layers. Resident and RAM layers are spread evenly
+over the depth so that the link keeps streaming while resident layers compute.
+
+On a CPU device the host RAM *is* the device: the device budget caps all of offspec's process memory
+(slots and SSD staging buffers included); the RAM tier is only used when a RAM budget is given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from ..errors import OffspecError
+from .config import ASSUMED_BANDWIDTH, FREE_FRACTION, HOST_RESERVE, OffloadConfig
+from .sizes import format_size
+
+TIERS = ("device", "ram", "ssd")
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """Bytes that decide a placement (compute dtype, layers in their packed format)."""
+
+    layer_bytes: tuple[int, ...]  # per decoder layer, as streamed (packed payload)
+    file_bytes: int  # the largest packed layer file (header and padding included): one SSD staging buffer
+    other_bytes: int  # embeddings, final norm, LM head
+    kv_bytes: int  # the target's KV cache at full capacity
+    activation_bytes: int  # the largest tree's activations (estimate)
+    extra_bytes: int = 0  # other resident things: the draft's weights, KV cache and activations
+    workspace_bytes: int = 0  # allocator slack, kernel workspaces, Python objects (config.WORKSPACE)
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: str  # "cuda" or "cpu" (the device type)
+    tiers: tuple[str, ...]  # per decoder layer: "device" | "ram" | "ssd"
+    sizes: ModelSizes
+    device_budget: int
+    ram_budget: int
+    ring_bytes: int  # device slots for streamed layers (0 when nothing streams)
+    staging_bytes: int  # host buffers for SSD reads (0 when nothing is on SSD)
+    quant: str = "none"
+    budget_source: str = "given"  # "given" or "free memory"
+    bandwidth: dict = field(default_factory=dict)  # assumed bytes/s (link, disk, memory) for the prediction
+
+    def count(self, tier: str) -> int:
+        return sum(t == tier for t in self.tiers)
+
+    def bytes_in(self, tier: str) -> int:
+        return sum(b for t, b in zip(self.tiers, self.sizes.layer_bytes) if t == tier)
+
+    @property
+    def streams(self) -> bool:
+        return any(t != "device" for t in self.tiers)
+
+    @property
+    def bytes_per_pass(self) -> int:
+        """Weight bytes moved to the device in every forward pass."""
+        return self.bytes_in("ram") + self.bytes_in("ssd")
+
+    @property
+    def resident_bytes(self) -> int:
+        s = self.sizes
+        return s.other_bytes + s.kv_bytes + s.activation_bytes + s.extra_bytes + s.workspace_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        """Planned use of the device budget."""
+        host_is_device = self.device == "cpu"
+        return (self.resident_bytes + self.bytes_in("device") + self.ring_bytes
+                + (self.staging_bytes if host_is_device else 0))
+
+    @property
+    def host_bytes(self) -> int:
+        """Planned use of the RAM budget."""
+        return self.bytes_in("ram") + (0 if self.device == "cpu" else self.staging_bytes)
+
+    @property
+    def predicted_pass_seconds(self) -> float:
+        """Small-tree pass time: the larger of moving the streamed weights and reading every weight once."""
+        bw = self.bandwidth or ASSUMED_BANDWIDTH.get(self.device, ASSUMED_BANDWIDTH["cpu"])
+        stream = max(self.bytes_per_pass / bw["link"], self.bytes_in("ssd") / bw["disk"])
+        compute = (sum(self.sizes.layer_bytes) + self.sizes.other_bytes) / bw["memory"]
+        return max(stream, compute)
+
+    def summary(self) -> dict:
+        """JSON-friendly view (ModelInfo.extra["placement"])."""
+        return {
+            "device": self.device, "quant": self.quant, "budget_source": self.budget_source,
+            "layers": {t: self.count(t) for t in TIERS}, "tiers": list(self.tiers),
+            "device_budget": self.device_budget, "ram_budget": self.ram_budget,
+            "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
+            "resident_bytes": self.resident_bytes, "ring_bytes": self.ring_bytes, "staging_bytes": self.staging_bytes,
+            "bytes_per_pass": self.bytes_per_pass, "predicted_pass_seconds": round(self.predicted_pass_seconds, 4),
+            "assumed_bandwidth": dict(self.bandwidth), "sizes": asdict(self.sizes),
+        }
+
+    def describe(self) -> str:
+        """One line for the progress display."""
+        n = len(self.tiers)
+        where = f"{self.count('device')}/{n} layers on {self.device}"
+        if self.streams:
+            where += f", {self.count('ram')} from RAM, {self.count('ssd')} from SSD"
+        fmt = "" if self.quant == "none" else f" ({self.quant})"
+        return (f"placement: {where}{fmt}; {format_size(self.bytes_per_pass)} per pass, predicted "
+                f"{self.predicted_pass_seconds * 1000:.3g} ms per pass; device {format_size(self.device_bytes)} "
+                f"of {format_size(self.device_budget)}")
+
+
+def _suggest(n: float) -> str:
+    """A size flag value >= n (rounded up to 3 significant digits), e.g. "3.22MB"."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1)):
+        if n >= scale or unit == "B":
+            value = n / scale
+            digits = max(0, 2 - int(math.floor(math.log10(value)))) if value > 0 else 0
+            return f"{math.ceil(value * 10**digits) / 10**digits:g}{unit}"
+    return f"{int(n)}B"
+
+
+def spread(n: int, k: int) -> list[int]:
+    """k indices of range(n), evenly spaced (k <= n)."""
+    return [int((i + 0.5) * n / k) for i in range(k)] if k > 0 else []
+
+
+def _fit(sizes: list[int], candidates: list[int], room: int) -> list[int]:
+    """The most evenly spread subset of `candidates` (indices into sizes) whose bytes fit in `room`."""
+    k = len(candidates)
+    while k > 0:
+        chosen = [candidates[i] for i in spread(len(candidates), k)]
+        if sum(sizes[i] for i in chosen) <= room:
+            return chosen
+        k -= 1
+    return []
+
+
+def default_budgets(device: torch.device, already_allocated: int = 0) -> tuple[int, int]:
+    """(device budget, RAM budget) from what is free now; `already_allocated` (e.g. the draft) is added back."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)  # sync-free driver query
+        return int(free * FREE_FRACTION) + already_allocated, int(max(0, available - HOST_RESERVE) * FREE_FRACTION)
+    # CPU: host RAM is the device; streamed layers come from SSD unless a RAM budget is given
+    return int(available * FREE_FRACTION) + already_allocated, 0
+
+
+def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfig,
+                   already_allocated: int = 0) -> Placement:
+    """Place every decoder layer; a budget too small for the resident parts is a one-line OffspecError."""
+    dev_default = ram_default = 0
+    if config.device_mem is None or config.ram_mem is None:
+        dev_default, ram_default = default_budgets(device, already_allocated)
+    device_budget = config.device_mem if config.device_mem is not None else dev_default
+    ram_budget = config.ram_mem if config.ram_mem is not None else ram_default
+    source = "given" if config.device_mem is not None else "free memory"
+    host_is_device = device.type == "cpu"
+    layer = list(sizes.layer_bytes)
+    n = len(layer)
+    resident = sizes.other_bytes + sizes.kv_bytes + sizes.activation_bytes + sizes.extra_bytes + sizes.workspace_bytes
+    base = dict(device=device.type, sizes=sizes, device_budget=device_budget, ram_budget=ram_budget,
+                quant=config.quant, budget_source=source,
+                bandwidth=dict(ASSUMED_BANDWIDTH.get(device.type, ASSUMED_BANDWIDTH["cpu"])))
+
+    if resident + sum(layer) <= device_budget:
+        return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, **base)
+
+    ring = config.ring_slots * max(layer)
+    staging = config.staging_buffers * sizes.file_bytes
+    room = device_budget - resident - ring
+    if room < 0:
+        need = resident + ring + (staging if host_is_device and ram_budget < sum(layer) else 0)
+        raise OffspecError(
+            f"device memory budget {format_size(device_budget)} is too small: the resident parts need "
+            f"{format_size(resident)} (embeddings, LM head, KV caches, activations, draft, workspace) plus "
+            f"{format_size(ring)} for {config.ring_slots} streaming slots; use --device-mem {_suggest(need * 1.02)} "
+            f"or more, or lower --max-context / --max-budget")
+    everything = list(range(n))
+
+    def place(dev_room: int, ram_room: int) -> tuple[list[int], list[int]]:
+        on_device = _fit(layer, everything, dev_room)
+        rest = [i for i in everything if i not in on_device]
+        return on_device, _fit(layer, rest, ram_room)
+
+    on_device, in_ram = place(room, ram_budget)
+    if len(on_device) + len(in_ram) < n:  # some layers go to SSD: staging buffers are needed
+        if host_is_device:
+            room -= staging
+            if room < 0:
+                raise OffspecError(
+                    f"device memory budget {format_size(device_budget)} is too small: resident parts, streaming "
+                    f"slots and SSD staging buffers need {format_size(resident + ring + staging)}; use --device-mem "
+                    f"{_suggest((resident + ring + staging) * 1.02)} or more, "
+                    f"give a --ram-mem for the streamed layers, or lower --max-context / --max-budget")
+            on_device, in_ram = place(room, ram_budget)
+        else:
+            if ram_budget < staging:
+                raise OffspecError(
+                    f"RAM budget {format_size(ram_budget)} is too small for the SSD staging buffers "
+                    f"({format_size(staging)}); use --ram-mem {_suggest(staging * 1.02)} or more")
+            on_device, in_ram = place(room, ram_budget - staging)
+    tiers = tuple("device" if i in on_device else "ram" if i in in_ram else "ssd" for i in range(n))
+    has_ssd = "ssd" in tiers
+    return Placement(tiers=tiers, ring_bytes=ring, staging_bytes=staging if has_ssd else 0, **base)
+
+
+def forced(sizes: ModelSizes, device: torch.device, tiers: tuple[str, ...], config: OffloadConfig) -> Placement:
+    """A placement with the given tiers (tests and benchmarks); budgets are reported as planned use."""
+    p = Placement(device=device.type, tiers=tiers, sizes=sizes, device_budget=0, ram_budget=0,
+                  ring_bytes=config.ring_slots * max(sizes.layer_bytes) if any(t != "device" for t in tiers) else 0,
+                  staging_bytes=config.staging_buffers * sizes.file_bytes if "ssd" in tiers else 0,
+                  quant=config.quant, budget_source="forced",
+                  bandwidth=dict(ASSUMED_BANDWIDTH.get(device.type, ASSUMED_BANDWIDTH["cpu"])))
+    return replace(p, device_budget=p.device_bytes, ram_budget=p.host_bytes)

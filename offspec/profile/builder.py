@@ -1,0 +1,49 @@
+"""`offspec profile`'s work: measure the hardware and the loaded pair, plan, and assemble the profile dict."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from .. import __version__
+from ..progress import ProgressFn, no_progress
+from .auto import pair_key
+from .hardware import measure_hardware
+from .measure import FULL, QUICK, MeasureConfig, calibration_prompts, measure_pair
+from .planner import Plan, PlannerConfig, plan
+from .store import acceptance_of, costs_of, fingerprint
+
+
+def model_params(model: Any) -> Optional[int]:
+    try:
+        return int(sum(p.numel() for p in model.parameters()))
+    except Exception:  # an offloaded model may hold parameters outside the module tree
+        return None
+
+
+def build_profile(generator, load_cfg: Any, *, quick: bool = False, prompts: Optional[list[dict]] = None,
+                  config: Optional[MeasureConfig] = None, progress: ProgressFn = no_progress) -> tuple[dict, Plan]:
+    """Measure everything and return (the profile dict, its plan). Nothing is written here."""
+    engine, info = generator.engine, generator.info
+    config = config or (QUICK if quick else FULL)
+    prompts = prompts if prompts is not None else calibration_prompts(config.prompts)
+    hardware = measure_hardware(engine.target.device, engine.target.dtype, getattr(load_cfg, "offload_dir", None),
+                                quick=quick, progress=progress)
+    measured = measure_pair(generator, config, prompts, progress)
+    key = pair_key(generator, load_cfg)
+    models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
+              "target_params": model_params(engine.target.model),
+              "draft_params": model_params(engine.drafter.runner.model),
+              "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none"),
+              "placement": info.extra.get("placement")}
+    data = {"format": "offspec-profile", "version": 1, "kind": "measured",
+            "name": f"{hardware['device_name']}: {info.target} + {info.draft}",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "offspec_version": __version__,
+            "sources": [f"measured by `offspec profile{' --quick' if quick else ''}` on this machine: "
+                        f"{len(prompts)} calibration prompts (offspec/data/calibration.jsonl), greedy verification"],
+            "fingerprint": fingerprint(key), "key": key, "quick": quick, "hardware": hardware, "models": models,
+            **measured}
+    chosen = plan(costs_of(data), acceptance_of(data),
+                  PlannerConfig(branch=generator.tree.branch, max_budget=engine.max_budget))
+    data["plan"] = chosen.summary()
+    return data, chosen

@@ -1,0 +1,255 @@
+"""Measuring a loaded model pair: pass times, draft step times and the acceptance curve.
+
+The acceptance curve comes from the real tree builder and verifier on the calibration prompts that ship
+with offspec (`offspec/data/calibration.jsonl`: chat and code, several languages). One pass at the
+largest budget B_max gives the acceptance at EVERY smaller budget: the tree SpecExec grows at budget B is
+the top-B nodes (by cumulative draft log-prob) of the bigger tree, an ancestor-closed subset, so with
+greedy verification the accepted path at budget B is the prefix of the big tree's path whose nodes rank
+below B.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..config import SamplingConfig, TreeConfig
+from ..errors import OffspecError
+from ..progress import ProgressEvent, ProgressFn, no_progress
+from ..sampling import TokenChooser
+from .planner import BUDGETS
+from .timing import PassTimer, SweepConfig, sweep, timed
+
+CALIBRATION_DEPTH = 64  # max_depth of calibration trees (the planner may choose a smaller cap)
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How much to measure. `QUICK` takes about a minute on a small model; `FULL` is thorough."""
+
+    target_sweep: SweepConfig = SweepConfig(largest=4096, repeats=3, max_call_seconds=20.0, max_total_seconds=300.0)
+    draft_sweep: SweepConfig = SweepConfig(largest=256, repeats=3, max_call_seconds=5.0, max_total_seconds=120.0)
+    prompts: int = 30  # calibration prompts used
+    passes: int = 8  # speculative passes per prompt
+    propose_contexts: int = 2  # contexts on which whole-tree draft times are taken, per budget
+    max_cost_ratio: float = 16.0  # B_max: the largest budget whose target pass costs <= this many 1-token passes
+    smallest_budget: int = 32  # ... but at least this (the curve needs a few points)
+    largest_budget: int = 4096
+    forced_budget: Optional[int] = None  # measure acceptance up to exactly this budget instead (--max-tree)
+
+
+QUICK = MeasureConfig(target_sweep=SweepConfig(largest=4096, repeats=2, max_call_seconds=3.0, max_total_seconds=45.0),
+                      draft_sweep=SweepConfig(largest=128, repeats=2, max_call_seconds=1.0, max_total_seconds=20.0),
+                      prompts=4, passes=4, propose_contexts=1, max_cost_ratio=6.0, smallest_budget=16,
+                      largest_budget=1024)
+FULL = MeasureConfig()
+
+
+def calibration_prompts(n: Optional[int] = None, path: Optional[Path] = None) -> list[dict]:
+    """The shipped calibration prompts ({"prompt", "kind", "lang"}); `n` of them, alternating code and chat."""
+    if path is None:
+        text = resources.files("offspec").joinpath("data/calibration.jsonl").read_text(encoding="utf-8")
+        where = "offspec/data/calibration.jsonl"
+    else:
+        from ..prompts import read_prompts
+
+        return [{"prompt": p, "kind": "?", "lang": "?"} for p in read_prompts(path, n)]
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise OffspecError(f"{where}:{number}: not valid JSON ({exc.msg})") from None
+    return records[: n or len(records)]  # the file alternates code and chat prompts
+
+
+def _ranks(scores: torch.Tensor) -> list[int]:
+    """(n,) cumulative log-probs -> rank of each node among the non-root nodes (root: -1).
+
+    The same order as `DraftTree.trim`: higher score first, older node first on ties.
+    """
+    order = torch.sort(scores[1:], descending=True, stable=True).indices + 1  # (n-1,)
+    ranks = torch.empty_like(scores, dtype=torch.long)  # (n,)
+    ranks[order] = torch.arange(order.numel())
+    ranks[0] = -1
+    return ranks.tolist()
+
+
+class _Recorder:
+    """Wraps the engine's drafter: keeps each proposed tree's scores and counts the nodes it expanded."""
+
+    def __init__(self, inner):
+        self.inner, self.runner = inner, inner.runner
+        self.trees: list[tuple[list[int], list[int], int]] = []  # (ranks, depths, nodes expanded)
+        self._expanded, self._in_extend = 0, False
+
+    def propose(self, tokens, config, temperature):
+        runner = self.runner
+        self._expanded = 0
+        original_forward, original_extend = runner.forward, runner.extend
+
+        def forward(tokens_, *args, **kwargs):
+            if not self._in_extend:
+                self._expanded += int(tokens_.numel())
+            return original_forward(tokens_, *args, **kwargs)
+
+        def extend(*args, **kwargs):
+            self._in_extend = True
+            try:
+                return original_extend(*args, **kwargs)
+            finally:
+                self._in_extend = False
+
+        saved = {name: runner.__dict__[name] for name in ("forward", "extend") if name in runner.__dict__}
+        runner.forward, runner.extend = forward, extend
+        try:
+            tree = self.inner.propose(tokens, config, temperature)
+        finally:
+            for name in ("forward", "extend"):  # back to what they were (the class's methods, or a wrapper)
+                if name in saved:
+                    setattr(runner, name, saved[name])
+                else:
+                    delattr(runner, name)
+        n = tree.n
+        self.trees.append((_ranks(tree.scores[:n]), tree.depths[:n].tolist(), self._expanded))
+        return tree
+
+    def observe(self, accepted, n_committed):
+        self.inner.observe(accepted, n_committed)
+
+
+def _accepted_at(path: list[int], ranks: list[int], depths: list[int], budgets: list[int]
+                 ) -> tuple[list[int], list[int]]:
+    """Accepted count and deepest level of the top-B subtree, for each budget B."""
+    accepted, deepest = [], []
+    for b in budgets:
+        count = 0
+        for node in path[1:]:
+            if ranks[node] >= b:
+                break
+            count += 1
+        accepted.append(count)
+        deepest.append(max((d for d, r in zip(depths, ranks) if 0 <= r < b), default=0))
+    return accepted, deepest
+
+
+def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passes: int,
+                       progress: ProgressFn = no_progress) -> tuple[dict, float]:
+    """Greedy speculative passes at max(budgets) on each prompt. Returns (acceptance section, expand ratio)."""
+    engine = generator.engine
+    big = max(budgets)
+    config = TreeConfig(budget=big, max_beams=0, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH)
+    recorder = _Recorder(engine.drafter)
+    chooser = TokenChooser(SamplingConfig(), engine.target.device)
+    samples, depth_rows, ratios = [], [], []
+    total = len(prompts) * passes
+    engine.drafter = recorder
+    try:
+        for i, record in enumerate(prompts):
+            ids = generator.encode(record["prompt"])
+            if len(ids) + big + 2 >= engine.max_context:
+                continue  # no room for even one calibration tree after this prompt
+            engine.reset_to(ids)
+            for j in range(passes):
+                progress(ProgressEvent("acceptance", f"acceptance at budget {big}: prompt {i + 1}/{len(prompts)}",
+                                       i * passes + j, total))
+                if engine.room <= big + 1:
+                    break
+                new, stats = engine.speculative_step(config, chooser, snapshot=True)
+                ranks, depths, expanded = recorder.trees[-1]
+                accepted, deepest = _accepted_at(list(stats.tree.accepted), ranks, depths, budgets)
+                samples.append(accepted)
+                depth_rows.append(deepest)
+                ratios.append(expanded / max(1, stats.tree_size))
+                if any(t in generator.eos_ids for t in new):
+                    break
+    finally:
+        engine.drafter = recorder.inner
+    progress(ProgressEvent("acceptance", "acceptance", total, total, finished=True))
+    if not samples:
+        raise OffspecError("no calibration pass could run: the context is too short for the calibration trees; "
+                           "raise --max-context")
+    n = len(samples)
+    section = {"budgets": budgets, "accepted": [round(sum(s[k] for s in samples) / n, 4) for k in range(len(budgets))],
+               "depths": [round(sum(d[k] for d in depth_rows) / n, 3) for k in range(len(budgets))],
+               "samples": samples, "temperature": 0.0, "prompts": len(prompts), "passes": n,
+               "branch": config.branch, "max_depth": CALIBRATION_DEPTH,
+               "pair": f"{generator.info.target} / {generator.info.draft}"}
+    return section, statistics.mean(ratios)
+
+
+def measure_propose(generator, budgets: list[int], prompts: list[dict], progress: ProgressFn = no_progress
+                    ) -> list[list[float]]:
+    """Seconds to grow a whole tree at each budget (automatic beams, calibration depth): [[budget, seconds]]."""
+    engine = generator.engine
+    drafter = engine.drafter
+    rows: dict[int, list[float]] = {b: [] for b in budgets}
+    for i, record in enumerate(prompts):
+        tokens = generator.encode(record["prompt"])[-max(1, engine.max_context // 2):]
+        engine.reset_to(tokens)
+        for k, b in enumerate(budgets):
+            progress(ProgressEvent("propose", f"draft tree growth: budget {b}", i * len(budgets) + k,
+                                   len(prompts) * len(budgets)))
+            config = TreeConfig(budget=b, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH)
+            drafter.propose(tokens, config, 0.0)  # untimed: sizes the tree buffers for this budget
+            rows[b].append(timed(lambda: drafter.propose(tokens, config, 0.0), drafter.runner.device))
+    progress(ProgressEvent("propose", "draft tree growth", 1, 1, finished=True))
+    return [[b, round(statistics.median(rows[b]), 6)] for b in budgets]
+
+
+def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list[dict]] = None,
+                 progress: ProgressFn = no_progress) -> dict:
+    """The `timings` and `acceptance` sections of a profile for a loaded generator. Leaves the caches empty."""
+    engine = generator.engine
+    prompts = prompts if prompts is not None else calibration_prompts(config.prompts)
+    timer = PassTimer(engine.target, engine.drafter.runner, generator.tree.branch)
+    try:
+        # a realistic context under the timed passes: the first calibration prompt, prefilled in both models
+        context = generator.encode(prompts[0]["prompt"])[-max(1, engine.max_context // 2):]
+        engine.reset_to(context)
+        engine.drafter.runner.extend(context[engine.drafter.runner.length :])
+        room = engine.target.capacity - engine.target.length
+        target_cfg = _capped(config.target_sweep, min(room, engine.max_budget + 1))
+        target_points, bound = sweep(timer.target_pass, engine.target.device, target_cfg, "target",
+                                     "target pass time vs tokens", progress)
+        draft_room = engine.drafter.runner.capacity - engine.drafter.runner.length
+        draft_points, _ = sweep(timer.draft_step, engine.drafter.runner.device,
+                                _capped(config.draft_sweep, draft_room), "draft", "draft step time vs nodes", progress)
+        head = timer.head()
+
+        from .curves import CostCurve
+
+        curve = CostCurve.of(target_points)
+        limit = config.max_cost_ratio * curve(1)
+        if config.forced_budget:
+            if config.forced_budget > engine.max_budget:
+                raise OffspecError(f"--max-tree {config.forced_budget} is above max_budget {engine.max_budget}; "
+                                   f"raise --max-budget")
+            budgets = sorted({b for b in BUDGETS if b < config.forced_budget} | {config.forced_budget})
+        else:
+            cap = min(config.largest_budget, engine.max_budget)
+            budgets = [b for b in BUDGETS if b <= cap and (curve(b + 1) <= limit or b <= config.smallest_budget)]
+        acceptance, expand_ratio = measure_acceptance(generator, budgets, prompts, config.passes, progress)
+        propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress)
+    finally:
+        engine.tokens = []  # forget the calibration conversation
+        engine.target.cache.truncate(0)
+        engine.drafter.runner.cache.truncate(0)
+    timings = {"context_tokens": len(context), "target_pass": [[n, round(s, 7)] for n, s in target_points],
+               "target_head_seconds": round(head, 7), "draft_step": [[n, round(s, 7)] for n, s in draft_points],
+               "draft_propose": propose, "expand_ratio": round(expand_ratio, 4),
+               "calibration_depth": CALIBRATION_DEPTH, "compute_bound_from": bound}
+    return {"timings": timings, "acceptance": acceptance}
+
+
+def _capped(sweep_cfg: SweepConfig, room: int) -> SweepConfig:
+    from dataclasses import replace
+
+    return replace(sweep_cfg, largest=max(1, min(sweep_cfg.largest, room)))

@@ -1,0 +1,171 @@
+"""The planner: the tree shape (budget, max_beams, max_depth) that maximizes expected tokens per second.
+
+    tokens/s(B, w, d) = (1 + accepted(B, d)) / (draft(B, w, d) + target(B))
+
+- accepted(B, d): mean accepted draft tokens per pass (the pass also emits one token of the target's own);
+- target(B) = pass(B + 1 tokens) + (1 + accepted) * head: one forward over the root and the B nodes, then
+  the acceptance walk computes the LM head on every node of the accepted path and the bonus position;
+- draft(B, w, d) = step(2) + steps * step(w): the catch-up of the new tokens and the root's children, then
+  `steps` batched forwards of w nodes. Growth expands about every node that ends in the tree
+  (`expand_ratio` * B nodes, measured) and each step goes at most one level deeper, so
+  steps = max(depth(B, d), ceil(expand_ratio * B / w)). Where whole-tree draft times were measured (at
+  the automatic beams), the model is scaled to them, budget by budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..config import TreeConfig
+from ..errors import OffspecError
+from .curves import AcceptanceCurve, CostCurve
+
+# Candidate tree shapes, in one place. Budgets: about 1.5x apart, so the best grid point is within ~20%
+# of the best budget; tokens/s is flat near its optimum, so this costs little.
+BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+BEAMS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEPTHS = (4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    budgets: tuple[int, ...] = BUDGETS
+    beams: tuple[int, ...] = BEAMS
+    depths: tuple[int, ...] = DEPTHS
+    branch: int = TreeConfig.branch  # children per expanded node (not planned: calibration used this value)
+    max_budget: int = 4096  # the engine's cap (LoadConfig.max_budget)
+
+
+@dataclass(frozen=True)
+class PairCosts:
+    """Measured (or projected) costs of the target and the draft under the current placement."""
+
+    target_pass: CostCurve  # tokens in one target forward -> seconds
+    target_head: float  # seconds of the LM head + token choice, per position of the acceptance walk
+    draft_step: CostCurve  # nodes expanded in one batched draft step -> seconds (forward, LM head, top-k)
+    draft_propose: Optional[CostCurve] = None  # budget -> seconds to grow a whole tree at the automatic beams
+    expand_ratio: float = 1.0  # draft nodes expanded per tree node (growth also expands nodes trimmed later)
+    calibration_depth: int = 64  # max_depth the whole-tree draft times were measured with
+
+    def autoregressive_seconds(self) -> float:
+        return self.target_pass(1) + self.target_head
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    budget: int
+    max_beams: int
+    max_depth: int
+    accepted: float  # mean accepted draft tokens per pass
+    draft_seconds: float
+    target_seconds: float
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return 1.0 + self.accepted
+
+    @property
+    def seconds(self) -> float:
+        return self.draft_seconds + self.target_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_pass / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"budget": self.budget, "max_beams": self.max_beams, "max_depth": self.max_depth,
+                "accepted": round(self.accepted, 4), "draft_seconds": round(self.draft_seconds, 6),
+                "target_seconds": round(self.target_seconds, 6), "tokens_per_second": round(self.tokens_per_second, 4)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    best: PlanPoint
+    curve: tuple[PlanPoint, ...]  # the best shape at each candidate budget, budgets increasing
+    autoregressive_tokens_per_second: float
+    branch: int = TreeConfig.branch
+    acceptance_scale: float = 1.0  # 1 = the curve as measured; online adaptation re-plans with other scales
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def speedup(self) -> float:
+        ar = self.autoregressive_tokens_per_second
+        return self.best.tokens_per_second / ar if ar > 0 else 0.0
+
+    def tree(self) -> TreeConfig:
+        return TreeConfig(budget=self.best.budget, max_beams=self.best.max_beams, branch=self.branch,
+                          max_depth=self.best.max_depth)
+
+    def at(self, budget: int) -> PlanPoint:
+        """The curve's point nearest to `budget` (in log scale)."""
+        return min(self.curve, key=lambda p: abs(math.log(p.budget) - math.log(max(budget, 1))))
+
+    def summary(self) -> dict:
+        return {**self.best.as_dict(), "branch": self.branch,
+                "predicted_tokens_per_second": round(self.best.tokens_per_second, 4),
+                "autoregressive_tokens_per_second": round(self.autoregressive_tokens_per_second, 4),
+                "predicted_speedup": round(self.speedup, 4), "acceptance_scale": round(self.acceptance_scale, 4)}
+
+
+def auto_beams(budget: int) -> int:
+    """The engine's automatic beams for a budget (TreeConfig.beams with max_beams=0)."""
+    return TreeConfig(budget=budget).beams
+
+
+def _model_draft(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int) -> float:
+    w = max(1, min(beams, budget))
+    steps = max(min(float(depth), acceptance.depth(budget)), math.ceil(costs.expand_ratio * budget / w))
+    return costs.draft_step(2) + steps * costs.draft_step(w)
+
+
+def draft_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int) -> float:
+    modelled = _model_draft(costs, acceptance, budget, beams, depth)
+    if costs.draft_propose is None:
+        return modelled
+    # scale the model to the measured whole-tree time at this budget (automatic beams, calibration depth)
+    reference = _model_draft(costs, acceptance, budget, auto_beams(budget), costs.calibration_depth)
+    scale = costs.draft_propose(budget) / reference if reference > 0 else 1.0
+    return modelled * min(4.0, max(0.25, scale))
+
+
+def evaluate(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int,
+             acceptance_scale: float = 1.0) -> PlanPoint:
+    accepted = min(acceptance(budget, depth) * acceptance_scale, float(budget), float(depth))
+    target = costs.target_pass(budget + 1) + (1.0 + accepted) * costs.target_head
+    return PlanPoint(budget=budget, max_beams=beams, max_depth=depth, accepted=accepted,
+                     draft_seconds=draft_seconds(costs, acceptance, budget, beams, depth), target_seconds=target)
+
+
+def plan(costs: PairCosts, acceptance: AcceptanceCurve, config: PlannerConfig = PlannerConfig(),
+         acceptance_scale: float = 1.0) -> Plan:
+    """Search every candidate (budget, beams, depth); ties go to the smaller budget, beams and depth."""
+    budgets = [b for b in config.budgets if b <= config.max_budget]
+    if not budgets:
+        raise OffspecError(f"no candidate budget fits max_budget {config.max_budget}; raise max_budget")
+    # depth caps change acceptance only where per-pass samples say by how much; else keep the engine's default
+    depths = list(config.depths) if acceptance.samples else [TreeConfig.max_depth]
+    curve = []
+    for b in budgets:
+        best_here: Optional[PlanPoint] = None
+        for w in sorted({min(w, b) for w in config.beams} | {auto_beams(b)}):
+            for d in depths:
+                point = evaluate(costs, acceptance, b, w, d, acceptance_scale)
+                if best_here is None or point.tokens_per_second > best_here.tokens_per_second * (1 + 1e-9):
+                    best_here = point
+        curve.append(best_here)
+    best = curve[0]
+    for point in curve[1:]:
+        if point.tokens_per_second > best.tokens_per_second * (1 + 1e-9):
+            best = point
+    notes = []
+    if best.budget >= acceptance.largest and best.budget < config.max_budget:
+        notes.append(f"the best budget is at the edge of the measured acceptance curve ({acceptance.largest}); "
+                     f"a profile with bigger trees may find a better one")
+    ar = 1.0 / costs.autoregressive_seconds()
+    if best.tokens_per_second < ar:
+        notes.append("no tree beats the target alone on this set-up (the draft is too slow or accepts too little); "
+                     "--no-speculate is faster")
+    return Plan(best=best, curve=tuple(curve), autoregressive_tokens_per_second=ar, branch=config.branch,
+                acceptance_scale=acceptance_scale, notes=tuple(notes))

@@ -1,0 +1,171 @@
+"""Profiles on disk: fingerprints, atomic save, validated load, and where they are found.
+
+Measured profiles live in `<config dir>/profiles/<fingerprint>.json` (`offspec.paths.config_dir()`), one per
+(hardware, model pair, placement): `--budget auto` finds the one that matches the loaded set-up by its
+fingerprint. Reference profiles (documented figures of common hardware) ship in the repository's
+`profiles/` (or `OFFSPEC_PROFILES_DIR`). Writes go to a temp file that is renamed into place, so an
+interrupted run (Ctrl-C) never leaves a partial profile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import OffspecError
+from ..paths import config_dir
+from .curves import AcceptanceCurve, CostCurve
+from .planner import PairCosts
+from .schema import ACCEPTANCE_FILE_SCHEMA, ACCEPTANCE_FORMAT, FORMAT, validate
+
+_VOLATILE = ("predicted", "seconds", "time", "bandwidth", "created", "budget")  # measured or derived from free memory
+_PLACEMENT_KEYS = ("device", "quant", "layers", "tiers")  # of `info.extra["placement"]` (offspec.offload)
+
+
+def profiles_dir() -> Path:
+    """Where measured profiles are saved and looked up."""
+    return config_dir() / "profiles"
+
+
+def reference_dir() -> Path:
+    """The shipped reference profiles: `OFFSPEC_PROFILES_DIR`, else the repository's `profiles/`."""
+    if os.environ.get("OFFSPEC_PROFILES_DIR"):
+        return Path(os.environ["OFFSPEC_PROFILES_DIR"]).expanduser()
+    return Path(__file__).resolve().parents[2] / "profiles"
+
+
+def _canonical(value: Any) -> Any:
+    """JSON-safe, order-independent form; drops fields of a placement summary that are measurements."""
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+                if not any(word in str(k) for word in _VOLATILE)}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float):
+        return round(value, 6)
+    if value is None or isinstance(value, (int, str, bool)):
+        return value
+    return str(value)
+
+
+def placement_key(placement: Any) -> Any:
+    """The stable part of an offloading placement summary: where each layer lives and in which format.
+
+    Budgets derived from free memory and predicted times change from run to run and are left out."""
+    if placement is None:
+        return "resident"
+    if isinstance(placement, dict) and any(k in placement for k in _PLACEMENT_KEYS):
+        return _canonical({k: placement[k] for k in _PLACEMENT_KEYS if k in placement})
+    return _canonical(placement)
+
+
+def profile_key(hardware_identity: dict, models: dict, placement: Any) -> dict:
+    """What a profile is valid for: the machine, the model pair (names, dtype, quantization), the placement."""
+    return {"hardware": _canonical(hardware_identity), "models": _canonical(models),
+            "placement": placement_key(placement)}
+
+
+def fingerprint(key: dict) -> str:
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def profile_path(key: dict) -> Path:
+    return profiles_dir() / f"{fingerprint(key)}.json"
+
+
+def find_profile(key: dict) -> Optional[Path]:
+    """The saved measured profile for `key`, or None."""
+    path = profile_path(key)
+    return path if path.is_file() else None
+
+
+def read_json(path: Path, what: str = "profile") -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise OffspecError(f"{what} {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OffspecError(f"cannot read {what} {path}: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OffspecError(f"{what} {path}: not valid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
+                           f"fix it or measure again with `offspec profile`") from None
+
+
+def load_profile(path: Path) -> dict:
+    """Read and validate a profile (measured or reference); errors name the file and the field."""
+    return validate(read_json(path), str(path))
+
+
+def load_acceptance(path: Path) -> tuple[AcceptanceCurve, str]:
+    """An acceptance curve from a measured profile or an acceptance file; returns it with a description."""
+    data = read_json(path)
+    if isinstance(data, dict) and data.get("format") == ACCEPTANCE_FORMAT:
+        validate(data, str(path), ACCEPTANCE_FILE_SCHEMA)
+    else:
+        validate(data, str(path))
+        if "acceptance" not in data:
+            raise OffspecError(f"profile {path}: field acceptance is missing (a reference profile has none; "
+                               f"pass a measured profile)")
+    acc = data["acceptance"]
+    pair = acc.get("pair") or (f"{data['models']['target']} / {data['models']['draft']}" if "models" in data else "?")
+    return acceptance_of(data, str(path)), f"{pair} ({path})"
+
+
+def save_profile(data: dict, path: Path) -> Path:
+    """Validate, then write atomically: a temp file in the same directory, fsync, rename."""
+    path = Path(path)
+    validate(data, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C included: never leave a partial file behind
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def costs_of(data: dict, source: str = "profile") -> PairCosts:
+    """The planner's cost model from a measured profile's `timings`."""
+    t = data["timings"]
+    propose = t.get("draft_propose")
+    return PairCosts(target_pass=CostCurve.of(t["target_pass"], f"{source}: timings.target_pass"),
+                     target_head=float(t["target_head_seconds"]),
+                     draft_step=CostCurve.of(t["draft_step"], f"{source}: timings.draft_step"),
+                     draft_propose=CostCurve.of(propose, f"{source}: timings.draft_propose") if propose else None,
+                     expand_ratio=float(t.get("expand_ratio", 1.0)),
+                     calibration_depth=int(t.get("calibration_depth", 64)))
+
+
+def acceptance_of(data: dict, source: str = "profile") -> AcceptanceCurve:
+    acc = data["acceptance"]
+    return AcceptanceCurve.of(acc["budgets"], acc["accepted"], acc.get("depths", ()), acc.get("samples", ()),
+                              what=f"{source}: acceptance")
+
+
+def reference_profiles() -> list[Path]:
+    return sorted(p for p in reference_dir().glob("*.json") if p.name != "schema.json")
+
+
+def resolve_reference(name: str) -> Path:
+    """A reference profile by path, file name or stem (`rtx4090`)."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    for candidate in reference_profiles():
+        if name in (candidate.name, candidate.stem):
+            return candidate
+    names = ", ".join(p.stem for p in reference_profiles()) or "none found"
+    raise OffspecError(f"hardware profile {name!r} not found; pass a file or one of: {names}")

@@ -1,0 +1,189 @@
+"""Offloading units without models: sizes, placement under budgets, the packed file format, the streamer."""
+
+import threading
+
+import pytest
+import torch
+
+from offspec import OffspecError
+from offspec.offload.config import OffloadConfig
+from offspec.offload.diskio import FileReader, aligned_empty
+from offspec.offload.packed import (HEADER, StoreInvalid, build_store, ensure_store, open_store, plan_layer,
+                                    tensor_views)
+from offspec.offload.placement import ModelSizes, plan_placement, spread
+from offspec.offload.sizes import format_size, parse_size
+from offspec.offload.streamer import LayerSource, LayerStreamer
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.mark.parametrize("text,value", [("22GB", 22 * 10**9), ("512MiB", 512 * 2**20), ("1.5g", 1_500_000_000),
+                                        ("0", 0), ("4096", 4096), (" 3 kb ", 3000), ("2TiB", 2 * 2**40), (7, 7)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["12XB", "", "GB", "-3GB", "1.2.3GB", "ten"])
+def test_parse_size_rejects_bad_input_in_one_line(text):
+    with pytest.raises(OffspecError) as info:
+        parse_size(text, "device_mem")
+    assert "\n" not in str(info.value) and "--device-mem" in str(info.value) or "negative" in str(info.value)
+
+
+def test_format_size():
+    assert format_size(1_234_000_000) == "1.23 GB" and format_size(512) == "512 B"
+
+
+def _sizes(n=8, layer=100, other=50, kv=30, act=20, extra=0):
+    return ModelSizes(layer_bytes=(layer,) * n, file_bytes=layer + HEADER, other_bytes=other, kv_bytes=kv,
+                      activation_bytes=act, extra_bytes=extra)
+
+
+def test_everything_fits_on_the_device():
+    p = plan_placement(_sizes(), CUDA, OffloadConfig(device_mem=1000, ram_mem=0))
+    assert p.tiers == ("device",) * 8 and not p.streams and p.bytes_per_pass == 0
+
+
+def test_cuda_placement_device_then_ram_then_ssd_spread_evenly():
+    sizes = _sizes(n=8, layer=100_000)
+    # device: 100 resident + 2 ring slots + 3 layers; RAM: 2 staging buffers + 2 layers (not 4: staging comes first)
+    cfg = OffloadConfig(device_mem=100 + 500_000, ram_mem=2 * (100_000 + HEADER) + 200_000)
+    p = plan_placement(sizes, CUDA, cfg)
+    assert (p.count("device"), p.count("ram"), p.count("ssd")) == (3, 2, 3)
+    assert [i for i, t in enumerate(p.tiers) if t == "device"] == spread(8, 3) == [1, 4, 6]
+    assert p.bytes_per_pass == 500_000 and p.device_bytes <= cfg.device_mem and p.host_bytes <= cfg.ram_mem
+    assert p.summary()["layers"] == {"device": 3, "ram": 2, "ssd": 3}
+    assert "3/8 layers on cuda" in p.describe()
+
+
+def test_cpu_placement_charges_slots_and_staging_to_the_device_budget():
+    sizes = _sizes(n=8, layer=100_000)
+    staging = 2 * (100_000 + HEADER)
+    p = plan_placement(sizes, CPU, OffloadConfig(device_mem=100 + 200_000 + staging + 250_000, ram_mem=0))
+    assert (p.count("device"), p.count("ram"), p.count("ssd")) == (2, 0, 6)
+    assert p.device_bytes <= p.device_budget and p.host_bytes == 0
+    p = plan_placement(sizes, CPU, OffloadConfig(device_mem=200_100, ram_mem=800_000))  # RAM tier given: no staging
+    assert (p.count("device"), p.count("ram"), p.count("ssd")) == (0, 8, 0)
+
+
+@pytest.mark.parametrize("device,cfg,flag", [
+    (CUDA, OffloadConfig(device_mem=250, ram_mem=10**6), "--device-mem"),  # resident 100 + ring 200 > 250
+    (CPU, OffloadConfig(device_mem=350, ram_mem=0), "--device-mem"),  # no room for the SSD staging buffers
+    (CUDA, OffloadConfig(device_mem=400, ram_mem=100), "--ram-mem"),  # no room for the SSD staging buffers
+])
+def test_budget_too_small_is_one_line_saying_what_to_do(device, cfg, flag):
+    with pytest.raises(OffspecError) as info:
+        plan_placement(_sizes(), device, cfg)
+    message = str(info.value)
+    assert "\n" not in message and flag in message and "too small" in message
+    suggested = parse_size(message.split(flag + " ")[1].split()[0])
+    fixed = {"--device-mem": dict(device_mem=suggested), "--ram-mem": dict(ram_mem=suggested)}[flag]
+    plan_placement(_sizes(), device, OffloadConfig(**{**cfg.__dict__, **fixed}))  # the suggestion works
+
+
+def test_bad_options_are_one_line_errors():
+    with pytest.raises(OffspecError, match="device_mem"):
+        OffloadConfig.from_options(device_mem="12XB")
+    with pytest.raises(OffspecError, match="quant"):
+        OffloadConfig.from_options(quant="int3")
+
+
+def _fake_layer(i, n=3):
+    return {"a.weight": torch.arange(n * 5, dtype=torch.float32).reshape(n, 5) + i, "b": torch.full((7,), i, dtype=torch.int8)}
+
+
+def _plans(n_layers=3):
+    return [plan_layer(i, [(k, v.dtype, tuple(v.shape)) for k, v in _fake_layer(i).items()]) for i in range(n_layers)]
+
+
+def test_packed_set_round_trip_and_invalid_sets(tmp_path):
+    events = []
+    d = tmp_path / "set"
+    packed = build_store(d, {"k": 1}, _plans(), lambda i: _fake_layer(i).items(), events.append, "pack", "packing")
+    assert events[-1].finished and events[-1].step == "pack"
+    assert sorted(p.name for p in d.iterdir()) == ["layer-0000.bin", "layer-0001.bin", "layer-0002.bin", "manifest.json"]
+    again = open_store(d, {"k": 1})
+    assert again.layers == packed.layers
+    buf = aligned_empty(packed.layers[1].file_bytes)
+    FileReader().read(packed.path(1), buf, packed.layers[1].file_bytes)
+    views = tensor_views(buf[HEADER:], packed.layers[1])
+    assert torch.equal(views["a.weight"], _fake_layer(1)["a.weight"]) and torch.equal(views["b"], _fake_layer(1)["b"])
+    with pytest.raises(StoreInvalid, match="another model"):
+        open_store(d, {"k": 2})
+    path = packed.path(2)
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    with pytest.raises(StoreInvalid, match="truncated"):
+        open_store(d, {"k": 1})
+    events.clear()
+    rebuilt = ensure_store(d, {"k": 1}, _plans(), lambda i: _fake_layer(i).items(), events.append, "pack", "packing")
+    assert "rebuilding" in events[0].message and rebuilt.set_id != packed.set_id
+    path.write_bytes(b"garbage!" + path.read_bytes()[8:])
+    with pytest.raises(StoreInvalid, match="magic"):
+        open_store(d, {"k": 1})
+    (d / "manifest.json").unlink()
+    with pytest.raises(StoreInvalid, match="no manifest"):
+        open_store(d, {"k": 1})
+
+
+def test_buffered_reads_when_direct_io_is_off(tmp_path):
+    packed = build_store(tmp_path / "s", {}, _plans(1), lambda i: _fake_layer(i).items(), lambda e: None, "pack", "p")
+    reader = FileReader(direct=False)
+    buf = aligned_empty(packed.layers[0].file_bytes)
+    reader.read(packed.path(0), buf, packed.layers[0].file_bytes)
+    assert reader.mode == "buffered+dontneed"
+    assert torch.equal(tensor_views(buf[HEADER:], packed.layers[0])["b"], _fake_layer(0)["b"])
+
+
+@pytest.mark.parametrize("tiers", [("ram",) * 5, ("ssd",) * 5, ("ssd", "ram", "ssd", "ssd", "ram")])
+def test_streamer_serves_every_layer_in_order_across_passes_and_recovers_from_interruptions(tmp_path, tiers):
+    n = len(tiers)
+    packed = build_store(tmp_path / "s", {}, _plans(n), lambda i: _fake_layer(i).items(), lambda e: None, "pack", "p")
+    sources = []
+    for i, tier in enumerate(tiers):
+        spec = packed.layers[i]
+        if tier == "ram":
+            buf = aligned_empty(spec.file_bytes)
+            FileReader().read(packed.path(i), buf, spec.file_bytes)
+            sources.append(LayerSource(i, spec, ram=buf[HEADER : HEADER + spec.nbytes]))
+        else:
+            sources.append(LayerSource(i, spec, path=packed.path(i)))
+    streamer = LayerStreamer(CPU, sources, ring_slots=2, staging_buffers=2, set_id=packed.set_id)
+    per_pass = sum(s.spec.nbytes for s in sources)
+    for _ in range(3):
+        for i in range(n):
+            payload = streamer.acquire(i)
+            assert torch.equal(tensor_views(payload, packed.layers[i])["a.weight"], _fake_layer(i)["a.weight"])
+            streamer.release(i)
+    assert streamer.counters()[0] == 3 * per_pass
+    streamer.acquire(0)  # an interrupted pass: layer 0 is never released ...
+    for i in range(n):  # ... the next pass restarts the cycle and still gets the right weights
+        assert torch.equal(tensor_views(streamer.acquire(i), packed.layers[i])["b"], _fake_layer(i)["b"])
+        streamer.release(i)
+    streamer.acquire(2)  # out of order (e.g. a pass that failed after layer 1): restarts at layer 2
+    assert torch.equal(tensor_views(streamer._p.slots[0], packed.layers[2])["b"], _fake_layer(2)["b"])
+    streamer.release(2)
+    threads = list(streamer._p.threads)
+    streamer.close()
+    assert not any(t.is_alive() for t in threads)
+    assert threading.active_count() >= 1
+
+
+def test_direct_reads_fall_back_where_the_file_system_refuses_them(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    packed = build_store(tmp_path / "s", {}, _plans(1), lambda i: _fake_layer(i).items(), lambda e: None, "p", "p")
+    real_open = os.open
+
+    def no_direct(path, flags, *args):  # what tmpfs on older kernels and some network file systems answer
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    reader = FileReader(direct=True)
+    assert reader.probe(packed.path(0)) == "buffered+dontneed"
+    buf = aligned_empty(packed.layers[0].file_bytes)
+    reader.read(packed.path(0), buf, packed.layers[0].file_bytes)
+    assert torch.equal(tensor_views(buf[HEADER:], packed.layers[0])["b"], _fake_layer(0)["b"])

@@ -1,0 +1,75 @@
+"""Online adaptation on a scripted stream of PassStats: steady acceptance keeps the plan, drift re-plans."""
+
+import math
+
+from offspec.config import TreeConfig
+from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
+from offspec.profile.curves import AcceptanceCurve, CostCurve
+from offspec.profile.planner import PairCosts, PlannerConfig
+from offspec.types import PassStats
+
+BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def cpu_like_policy(extra=None) -> AdaptiveBudget:
+    """Every tree token costs 10 ms on top of a 300 ms pass; acceptance saturates around 2 tokens."""
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.3), (129, 1.58)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.0)]))
+    acceptance = AcceptanceCurve.of(BUDGETS, [2.0 * (1 - math.exp(-b / 6)) for b in BUDGETS])
+    return AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=BUDGETS), AdaptConfig(), extra=extra)
+
+
+def feed(policy: AdaptiveBudget, accepted_of_budget, passes: int) -> list[int]:
+    """Run `passes` scripted passes; each accepts accepted_of_budget(budget) tokens. Returns the budgets used."""
+    used = []
+    for i in range(passes):
+        tree = policy.next_tree(TreeConfig())
+        used.append(tree.budget)
+        accepted = accepted_of_budget(tree.budget, i)
+        policy.observe(PassStats(tree_size=tree.budget, accepted=accepted, emitted=accepted + 1, draft_seconds=0.0,
+                                 target_seconds=0.0, budget=tree.budget))
+    return used
+
+
+def test_steady_acceptance_keeps_the_plan():
+    policy = cpu_like_policy()
+    start = policy.plan.best.budget
+    # accept what the profile predicts, on average (alternating around it)
+    predicted = policy.acceptance(start)
+    used = feed(policy, lambda b, i: math.floor(predicted) + (i % 2 if predicted % 1 >= 0.25 else 0), 40)
+    assert set(used) == {start}
+    assert policy.replans == [] or all(r.budget_to == start for r in policy.replans)
+
+
+def test_drift_up_then_down_replans_and_is_visible():
+    extra = {}
+    policy = cpu_like_policy(extra)
+    start = policy.plan.best.budget
+    # code with long repeats: the pair accepts far more than calibrated (up to 6 tokens, bounded by the tree)
+    used_up = feed(policy, lambda b, i: min(b, 6), 30)
+    assert policy.replans, "a strong upward drift must re-plan"
+    up = policy.plan.best.budget
+    assert up > start and policy.scale > 1.5
+    assert used_up[0] == start and used_up[-1] == up  # PassStats.budget shows the budget in force per pass
+    assert extra["budget_adaptive"]["budget"] == up
+    assert extra["budget_adaptive"]["replans"][0]["budget_from"] == start
+    # then prose in another language: almost nothing is accepted
+    feed(policy, lambda b, i: 1 if i % 10 == 0 else 0, 40)
+    assert policy.plan.best.budget < up and policy.scale < 0.5
+    assert extra["budget_adaptive"]["acceptance_scale"] == round(policy.scale, 4)
+    assert len(policy.replans) >= 2
+
+
+def test_noise_alone_does_not_replan():
+    policy = cpu_like_policy()
+    start = policy.plan.best.budget
+    predicted = policy.acceptance(start)
+    # a noisy stream with the predicted mean: 0 or 2*predicted rounded, alternating
+    feed(policy, lambda b, i: (round(2 * predicted) if i % 2 else 0), 48)
+    assert policy.plan.best.budget == start or abs(policy.scale - 1) <= 0.2 + 2 * policy.observed_scale()[1]
+
+
+def test_autoregressive_passes_are_ignored():
+    policy = cpu_like_policy()
+    policy.observe(PassStats(tree_size=0, accepted=0, emitted=1, draft_seconds=0, target_seconds=0.3, budget=0))
+    assert policy.passes == 0

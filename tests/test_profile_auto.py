@@ -1,0 +1,131 @@
+"""`offspec profile --quick` on tiny random models, and `budget="auto"` picking profiles up at load."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import offspec
+from offspec import OffspecError
+from offspec.profile.cli import profile_main
+from offspec.profile.store import find_profile, load_profile
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture()
+def config_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))
+    return tmp_path / "config"
+
+
+@pytest.fixture(scope="module")
+def quick_profile(tiny_dirs, tmp_path_factory):
+    """One `offspec profile --quick` run on the tiny qwen2 pair, into its own config dir."""
+    root = tmp_path_factory.mktemp("quick")
+    target, draft = tiny_dirs[("qwen2", 1)]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OFFSPEC_CONFIG_DIR", str(root / "config"))
+    try:
+        rc = profile_main(["--target", str(target), "--draft", str(draft), "--quick", "--max-context", "512",
+                           "--out", str(root / "quick.json")])
+    finally:
+        mp.undo()
+    return rc, root
+
+
+def test_quick_profile_completes_with_every_section(quick_profile, capsys):
+    rc, root = quick_profile
+    assert rc == 0
+    saved = list((root / "config" / "profiles").glob("*.json"))
+    assert len(saved) == 1 and (root / "quick.json").is_file() and (root / "quick.png").stat().st_size > 1000
+    data = load_profile(saved[0])  # valid against the schema
+    assert data == load_profile(root / "quick.json")
+    assert data["kind"] == "measured" and data["quick"] is True
+    assert saved[0].stem == data["fingerprint"]
+    hw = data["hardware"]
+    assert hw["device_type"] == "cpu" and hw["host_ram_bytes"] > 0 and hw["disk_read_bytes_per_s"] > 0
+    t = data["timings"]
+    assert [n for n, _ in t["target_pass"]][:3] == [1, 2, 4] and len(t["target_pass"]) >= 3
+    assert [n for n, _ in t["draft_step"]][:2] == [1, 2] and t["target_head_seconds"] > 0
+    acc = data["acceptance"]
+    assert acc["budgets"][0] == 1 and max(acc["budgets"]) >= 16 and acc["prompts"] == 4 and acc["passes"] >= 4
+    assert all(a <= b for a, b in zip(acc["accepted"], acc["accepted"][1:]))
+    assert all(len(s) == len(acc["budgets"]) for s in acc["samples"])
+    assert data["plan"]["budget"] in [b for b in range(1, 4097)]
+    assert data["plan"]["predicted_tokens_per_second"] > 0
+
+
+def test_auto_budget_uses_the_matching_profile(quick_profile, tiny_dirs, monkeypatch):
+    _, root = quick_profile
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(root / "config"))
+    target, draft = tiny_dirs[("qwen2", 1)]
+    gen = offspec.load(str(target), str(draft), max_context=512)  # no budget: auto
+    data = load_profile(next((root / "config" / "profiles").glob("*.json")))
+    assert gen.info.extra["budget_source"] == "profile"
+    assert "measured profile" in gen.info.extra["budget_basis"]
+    assert gen.tree.budget == data["plan"]["budget"] == gen.info.default_budget
+    assert gen.tree.max_beams == data["plan"]["max_beams"] and gen.tree.max_depth == data["plan"]["max_depth"]
+    result = gen.generate("Hello", max_new_tokens=24)
+    assert result.passes[0].budget == data["plan"]["budget"]
+    assert gen.policy.passes == result.n_passes  # the policy saw every pass
+    assert gen.info.extra["budget_adaptive"]["passes_observed"] == result.n_passes
+    # an explicit per-call budget, or a tree assigned by a caller (bench), bypasses the policy
+    assert all(p.budget == 3 for p in gen.generate("Hello", max_new_tokens=8, budget=3).passes)
+    saved = gen.tree
+    gen.tree = offspec.TreeConfig(budget=5)
+    assert all(p.budget == 5 for p in gen.generate("Hello", max_new_tokens=8).passes)
+    gen.tree = saved
+    assert gen.generate("Hello", max_new_tokens=8).passes[0].budget == gen.policy.plan.best.budget
+
+
+def test_auto_budget_without_profile_estimates_at_start_up(tiny_dirs, config_dir):
+    target, draft = tiny_dirs[("llama", 0)]
+    gen = offspec.load(str(target), str(draft), max_context=256, max_budget=64)
+    extra = gen.info.extra
+    assert extra["budget_source"] == "estimate"
+    assert "start-up estimate" in extra["budget_basis"] and "target passes timed" in extra["budget_basis"]
+    assert 1 <= gen.tree.budget <= 64 and gen.policy is not None
+    plain = gen.generate("Hi", max_new_tokens=16, speculate=False)
+    assert gen.generate("Hi", max_new_tokens=16).token_ids == plain.token_ids  # still lossless
+    assert gen.engine.tokens  # the estimate left no stale state: generation worked from a clean cache
+
+
+def test_fixed_budget_has_no_policy(tiny_dirs, config_dir):
+    target, draft = tiny_dirs[("llama", 0)]
+    gen = offspec.load(str(target), str(draft), max_context=256, budget=8)
+    assert gen.policy is None and gen.info.extra["budget_source"] == "fixed" and gen.tree.budget == 8
+    auto = offspec.load(str(target), str(draft), max_context=256, budget="auto", max_budget=16)
+    assert auto.policy is not None and auto.tree.budget <= 16
+    with pytest.raises(OffspecError, match="budget must be a positive integer or auto"):
+        offspec.load(str(target), str(draft), budget="big")
+
+
+def test_malformed_saved_profile_is_a_clear_error(quick_profile, tiny_dirs, tmp_path, monkeypatch):
+    _, root = quick_profile
+    source = next((root / "config" / "profiles").glob("*.json"))
+    data = json.loads(source.read_text())
+    data["timings"]["target_pass"] = "fast"
+    broken = tmp_path / "config" / "profiles" / source.name
+    broken.parent.mkdir(parents=True)
+    broken.write_text(json.dumps(data))
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))
+    target, draft = tiny_dirs[("qwen2", 1)]
+    with pytest.raises(OffspecError, match=r"timings.target_pass: expected an array") as info:
+        offspec.load(str(target), str(draft), max_context=512)
+    assert str(broken) in str(info.value)
+    assert find_profile(data["key"]) == broken
+
+
+def test_cli_budget_flag_accepts_auto(tiny_dirs, tmp_path):
+    target, draft = tiny_dirs[("qwen2", 0)]
+    env = {**__import__("os").environ, "OFFSPEC_CONFIG_DIR": str(tmp_path)}
+    base = [sys.executable, str(ROOT / "main.py"), "generate", "--target", str(target), "--draft", str(draft),
+            "--max-new-tokens", "8", "--json"]
+    proc = subprocess.run(base + ["--budget", "auto", "Hi"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["passes"] >= 1
+    bad = subprocess.run(base + ["--budget", "lots", "Hi"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "auto or a positive integer" in bad.stderr and "Traceback" not in bad.stderr

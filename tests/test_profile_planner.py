@@ -1,0 +1,135 @@
+"""The planner on synthetic curves whose optimum is known, and the curves it reads."""
+
+import math
+
+import pytest
+
+from offspec import OffspecError
+from offspec.profile.curves import AcceptanceCurve, CostCurve
+from offspec.profile.planner import PairCosts, PlannerConfig, evaluate, plan
+
+POW2 = tuple(2**i for i in range(13))  # 1 .. 4096
+FREE_DRAFT = CostCurve.of([(1, 0.0)])
+
+
+def saturating(budgets, top, scale):
+    return AcceptanceCurve.of(budgets, [top * (1 - math.exp(-b / scale)) for b in budgets])
+
+
+def test_flat_then_linear_cost_picks_the_knee():
+    # offloading-like: a pass costs the same up to 257 tokens (the weights' transfer), then grows linearly
+    target = CostCurve.of([(1, 0.1), (257, 0.1), (513, 0.2)])
+    costs = PairCosts(target_pass=target, target_head=0.0, draft_step=FREE_DRAFT)
+    result = plan(costs, saturating(POW2, 8.0, 64.0), PlannerConfig(budgets=POW2))
+    assert result.best.budget == 256  # 1 + 8(1 - e^-4) tokens per 0.1 s pass
+    assert result.best.tokens_per_second == pytest.approx((1 + 8 * (1 - math.exp(-4))) / 0.1)
+    assert result.autoregressive_tokens_per_second == pytest.approx(10.0)
+    assert result.speedup == pytest.approx(result.best.tokens_per_second / 10.0)
+
+
+def test_linear_cost_matches_brute_force_optimum():
+    # CPU-like: every token of the tree costs; acceptance saturates. Candidates and acceptance points on every
+    # integer budget, so interpolation is exact and the argmax of the formula is the answer.
+    budgets = tuple(range(1, 65))
+    acceptance = saturating(budgets, 3.0, 8.0)
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.32), (65, 1.6)]), target_head=0.0, draft_step=FREE_DRAFT)
+    result = plan(costs, acceptance, PlannerConfig(budgets=budgets))
+
+    def rate(b):
+        return (1 + 3.0 * (1 - math.exp(-b / 8.0))) / (0.3 + 0.02 * (b + 1))
+
+    expected = max(budgets, key=rate)
+    assert 1 < expected < 64  # an interior optimum
+    assert result.best.budget == expected
+    assert result.best.tokens_per_second == pytest.approx(rate(expected))
+    assert [p.budget for p in result.curve] == list(budgets)
+
+
+def test_beams_trade_step_count_against_step_cost():
+    # a step costs 0.05 s + 0.01 s per node and a 64-node tree is 4 levels deep: fewer than 16 nodes per step
+    # needs more than 4 steps, more than 16 makes each of the (at least 4) steps dearer
+    acceptance = AcceptanceCurve.of([64], [3.0], depths=[4.0])
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.1), (65, 0.1)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.06), (256, 2.61)]))
+    result = plan(costs, acceptance, PlannerConfig(budgets=(64,)))
+    assert result.best.max_beams == 16
+    # GPU-like flat step cost: the fewest steps win; at depth 4, 16 nodes per step already need only 4 steps
+    # (ties go to fewer beams), on a shallow bushy tree the widest step wins
+    flat = PairCosts(target_pass=costs.target_pass, target_head=0.0, draft_step=CostCurve.of([(1, 0.05), (256, 0.05)]))
+    assert plan(flat, acceptance, PlannerConfig(budgets=(64,))).best.max_beams == 16
+    bushy = AcceptanceCurve.of([64], [3.0], depths=[1.0])
+    assert plan(flat, bushy, PlannerConfig(budgets=(64,))).best.max_beams == 64
+
+
+def test_depth_cap_from_per_pass_samples():
+    # one pass in ten accepts 40 tokens; a deep tree costs 40 draft steps every pass, so a cap of 4 wins
+    samples = [[2]] * 9 + [[40]]
+    acceptance = AcceptanceCurve.of([64], [5.8], depths=[40.0], samples=samples)
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.1), (65, 0.1)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.05), (256, 0.05)]))
+    result = plan(costs, acceptance, PlannerConfig(budgets=(64,), beams=(64,)))
+    assert result.best.max_depth == 4
+    assert result.best.accepted == pytest.approx(2.2)
+    assert evaluate(costs, acceptance, 64, 64, 64).accepted == pytest.approx(5.8)
+
+
+def test_walk_cost_and_acceptance_scale():
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.1), (257, 0.1)]), target_head=0.01, draft_step=FREE_DRAFT)
+    acceptance = saturating(POW2, 4.0, 16.0)
+    point = evaluate(costs, acceptance, 16, 4, 32)
+    assert point.target_seconds == pytest.approx(0.1 + (1 + point.accepted) * 0.01)
+    assert evaluate(costs, acceptance, 16, 4, 32, acceptance_scale=2.0).accepted == pytest.approx(2 * point.accepted)
+    assert evaluate(costs, acceptance, 2, 4, 32, acceptance_scale=100.0).accepted == 2.0  # never above the budget
+
+
+def test_slow_draft_is_flagged_and_max_budget_respected():
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.01), (64, 0.5)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 1.0), (64, 1.0)]))
+    result = plan(costs, saturating(POW2, 2.0, 8.0), PlannerConfig(max_budget=48))
+    assert result.speedup < 1 and any("no-speculate" in n for n in result.notes)
+    assert max(p.budget for p in result.curve) <= 48
+    with pytest.raises(OffspecError, match="max_budget"):
+        plan(costs, saturating(POW2, 2.0, 8.0), PlannerConfig(max_budget=0))
+
+
+def test_cost_curve_interpolates_extrapolates_and_drops_noise():
+    curve = CostCurve.of([(1, 0.3), (2, 0.9), (4, 0.35), (8, 0.4), (16, 0.8)])
+    assert curve(2) == pytest.approx(0.35)  # a noise spike above a bigger size's time is dropped
+    assert curve(12) == pytest.approx(0.6)
+    assert curve(32) == pytest.approx(1.6)  # linear past the last point with the last slope
+    assert curve(0.5) == pytest.approx(0.3)
+    with pytest.raises(OffspecError):
+        CostCurve.of([])
+
+
+def test_acceptance_curve_is_monotone_and_flat_past_its_end():
+    acc = AcceptanceCurve.of([1, 4, 16], [0.5, 0.4, 2.0])
+    assert acc.accepted == (0.5, 0.5, 2.0)  # a bigger tree contains the smaller one
+    assert acc(8) == pytest.approx(0.5 + 1.5 * 0.5)  # halfway in log2 between 4 and 16
+    assert acc(1000) == 2.0
+    assert acc(0) == 0.0
+    with pytest.raises(OffspecError):
+        AcceptanceCurve.of([4, 2], [1.0, 2.0])
+
+
+def test_sweeps_stop_when_compute_bound_and_probe_past_streaming(monkeypatch):
+    import torch
+
+    from offspec.profile import timing
+
+    def fake_times(cost):
+        calls = []
+        monkeypatch.setattr(timing, "timed", lambda fn, device: (calls.append(fn()), cost(calls[-1]))[1])
+        return calls
+
+    cpu = torch.device("cpu")
+    # compute-bound from the start: once two doublings up to >= 16 tokens doubled the time, it stops (not at 4096)
+    calls = fake_times(lambda n: 0.01 * n)
+    points, bound = timing.sweep(lambda n: n, cpu, timing.SweepConfig(repeats=1), "t", "t")
+    assert [n for n, _ in points] == [1, 2, 4, 8, 16, 32] and bound == 8
+    # weights streamed: 2 s per pass whatever the size until compute takes over past 512 tokens
+    calls = fake_times(lambda n: max(2.0, 0.01 * n))
+    points, bound = timing.sweep(lambda n: n, cpu, timing.SweepConfig(repeats=1, max_call_seconds=1.0), "t", "t")
+    assert [n for n, _ in points] == [1, 2, 16, 128, 1024] and bound is None
+    curve = CostCurve.of(points)
+    assert curve(100) == pytest.approx(2.0) and curve(2048) > curve(1024) > 2.0
