@@ -16,7 +16,8 @@ def deep_targets(tmp_path_factory):
     from tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("deep")
-    return {arch: save_tiny_model(root / arch, arch=arch, seed=0, logit_scale=3.0, layers=6) for arch in ("llama", "qwen2")}
+    return {arch: save_tiny_model(root / arch, arch=arch, seed=0, logit_scale=3.0, layers=6)
+            for arch in ("llama", "qwen2")}
 
 
 def _minimal_device_mem(target, draft, tmp_path, **options) -> str:

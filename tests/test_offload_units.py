@@ -89,7 +89,8 @@ def test_bad_options_are_one_line_errors():
 
 
 def _fake_layer(i, n=3):
-    return {"a.weight": torch.arange(n * 5, dtype=torch.float32).reshape(n, 5) + i, "b": torch.full((7,), i, dtype=torch.int8)}
+    return {"a.weight": torch.arange(n * 5, dtype=torch.float32).reshape(n, 5) + i,
+            "b": torch.full((7,), i, dtype=torch.int8)}
 
 
 def _plans(n_layers=3):
@@ -101,7 +102,8 @@ def test_packed_set_round_trip_and_invalid_sets(tmp_path):
     d = tmp_path / "set"
     packed = build_store(d, {"k": 1}, _plans(), lambda i: _fake_layer(i).items(), events.append, "pack", "packing")
     assert events[-1].finished and events[-1].step == "pack"
-    assert sorted(p.name for p in d.iterdir()) == ["layer-0000.bin", "layer-0001.bin", "layer-0002.bin", "manifest.json"]
+    names = sorted(p.name for p in d.iterdir())
+    assert names == ["layer-0000.bin", "layer-0001.bin", "layer-0002.bin", "manifest.json"]
     again = open_store(d, {"k": 1})
     assert again.layers == packed.layers
     buf = aligned_empty(packed.layers[1].file_bytes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+
 import torch
 
 from ..errors import OffspecError

@@ -65,7 +65,8 @@ class OffloadConfig:
             if getattr(self, name) not in QUANTS:
                 raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, nf4 or int8")
         if self.ring_slots < 2:
-            raise OffspecError(f"ring_slots must be >= 2 (one slot computes while the next loads), got {self.ring_slots}")
+            raise OffspecError(f"ring_slots must be >= 2 (one slot computes while the next loads), "
+                               f"got {self.ring_slots}")
         if self.staging_buffers < 1:
             raise OffspecError(f"staging_buffers must be >= 1, got {self.staging_buffers}")
         if self.verify not in ("first", "always", "never"):

@@ -73,7 +73,8 @@ def build_skeleton(path: Path, dtype: torch.dtype, attn_implementation: str, qua
             with init_empty_weights():  # parameters on meta; buffers (rotary tables) real, on the CPU
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     except Exception as exc:
-        raise OffspecError(f"cannot build model {path.name} for offloading: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise OffspecError(f"cannot build model {path.name} for offloading: {reason}") from exc
     try:  # eos ids and friends, as from_pretrained would read them
         from transformers import GenerationConfig
 
@@ -273,7 +274,18 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
         except _Corrupt as exc:
             raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc}); "
                                f"check the disk, or use another --offload-dir") from None
+    trim_heap()  # packing and loading freed many temporaries
     return sk.model, OffloadHandle(placement, streamer, packed.directory)
+
+
+def trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc keeps mid-sized frees, e.g. packing's per-tensor buffers)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
 
 
 def _param_bytes(model: nn.Module) -> int:

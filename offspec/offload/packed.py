@@ -87,9 +87,11 @@ def plan_layer(index: int, entries: Iterable[tuple[str, torch.dtype, tuple[int, 
     offset, tensors = 0, []
     for name, dtype, shape in entries:
         nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-        tensors.append(TensorSpec(name, str(dtype).removeprefix("torch."), tuple(int(s) for s in shape), offset, nbytes))
+        dtype_name = str(dtype).removeprefix("torch.")
+        tensors.append(TensorSpec(name, dtype_name, tuple(int(s) for s in shape), offset, nbytes))
         offset = _round_up(offset + nbytes, TENSOR_ALIGN)
-    return LayerSpec(index=index, file=f"layer-{index:04d}.bin", nbytes=max(offset, TENSOR_ALIGN), tensors=tuple(tensors))
+    return LayerSpec(index=index, file=f"layer-{index:04d}.bin", nbytes=max(offset, TENSOR_ALIGN),
+                     tensors=tuple(tensors))
 
 
 def tensor_views(payload: torch.Tensor, spec: LayerSpec) -> dict[str, torch.Tensor]:
@@ -133,7 +135,8 @@ def write_layer(directory: Path, set_id: str, spec: LayerSpec,
             t = expected[name]
             value = value.detach().to("cpu").contiguous()
             if str(value.dtype).removeprefix("torch.") != t.dtype or tuple(value.shape) != t.shape:
-                raise ValueError(f"tensor {name}: {value.dtype} {tuple(value.shape)} does not match {t.dtype} {t.shape}")
+                raise ValueError(f"tensor {name}: {value.dtype} {tuple(value.shape)} does not match "
+                                 f"{t.dtype} {t.shape}")
             f.seek(HEADER + t.offset)
             f.write(memoryview(value.reshape(-1).view(torch.uint8).numpy()))
             written.add(name)

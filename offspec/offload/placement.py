@@ -109,9 +109,10 @@ class Placement:
         if self.streams:
             where += f", {self.count('ram')} from RAM, {self.count('ssd')} from SSD"
         fmt = "" if self.quant == "none" else f" ({self.quant})"
-        return (f"placement: {where}{fmt}; {format_size(self.bytes_per_pass)} per pass, predicted "
-                f"{self.predicted_pass_seconds * 1000:.3g} ms per pass; device {format_size(self.device_bytes)} "
-                f"of {format_size(self.device_budget)}")
+        t = self.predicted_pass_seconds
+        when = f"{t:.2f} s" if t >= 1 else f"{t * 1000:.3g} ms"
+        return (f"placement: {where}{fmt}; {format_size(self.bytes_per_pass)} per pass, predicted {when} per pass; "
+                f"device {format_size(self.device_bytes)} of {format_size(self.device_budget)}")
 
 
 def _suggest(n: float) -> str:
@@ -180,7 +181,7 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
         raise OffspecError(
             f"device memory budget {format_size(device_budget)} is too small: the resident parts need "
             f"{format_size(resident)} (embeddings, LM head, KV caches, activations, draft, workspace) plus "
-            f"{format_size(ring)} for {config.ring_slots} streaming slots; use --device-mem {_suggest(need * 1.02)} "
+            f"{format_size(ring)} for {config.ring_slots} streaming slots; use --device-mem {_suggest(need)} "
             f"or more, or lower --max-context / --max-budget")
     everything = list(range(n))
 
@@ -197,14 +198,14 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
                 raise OffspecError(
                     f"device memory budget {format_size(device_budget)} is too small: resident parts, streaming "
                     f"slots and SSD staging buffers need {format_size(resident + ring + staging)}; use --device-mem "
-                    f"{_suggest((resident + ring + staging) * 1.02)} or more, "
+                    f"{_suggest(resident + ring + staging)} or more, "
                     f"give a --ram-mem for the streamed layers, or lower --max-context / --max-budget")
             on_device, in_ram = place(room, ram_budget)
         else:
             if ram_budget < staging:
                 raise OffspecError(
                     f"RAM budget {format_size(ram_budget)} is too small for the SSD staging buffers "
-                    f"({format_size(staging)}); use --ram-mem {_suggest(staging * 1.02)} or more")
+                    f"({format_size(staging)}); use --ram-mem {_suggest(staging)} or more")
             on_device, in_ram = place(room, ram_budget - staging)
     tiers = tuple("device" if i in on_device else "ram" if i in in_ram else "ssd" for i in range(n))
     has_ssd = "ssd" in tiers
