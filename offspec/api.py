@@ -48,6 +48,9 @@ def _eos_ids(model, tokenizer) -> set[int]:
             ids.update(int(v) for v in value)
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
+    # end-of-text tokens that converted GGUF configs can leave out (Qwen's upstream config stops on both)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>") if t in vocab)
     return ids
 
 
