@@ -32,7 +32,7 @@ class ReplyMeter:
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
     io_wait_seconds: float = 0.0
-    io_known: bool = False  # the engine reports io_wait_seconds
+    io_known: bool = False  # the target streams weights: a pass reported io wait or streamed bytes
     bytes_streamed: int = 0
     last_budget: Optional[int] = None
     seconds: Optional[float] = None  # the engine's wall time, once finished
@@ -46,10 +46,11 @@ class ReplyMeter:
             self.draft_seconds += stats.draft_seconds
             self.last_budget = stats.budget
             wait = io_wait_of(stats)
-            if wait is not None:
+            streamed = int(getattr(stats, "bytes_streamed", 0) or 0)
+            if wait is not None and (wait > 0 or streamed > 0):  # nothing streamed: no weights/compute split
                 self.io_known = True
-                self.io_wait_seconds += wait
-            self.bytes_streamed += int(getattr(stats, "bytes_streamed", 0) or 0)
+            self.io_wait_seconds += wait or 0.0
+            self.bytes_streamed += streamed
 
     def finish(self, result: GenerationResult) -> None:
         """Replace the running counts with the engine's totals."""
