@@ -5,7 +5,9 @@ Measures, for the target under the given budgets:
   machine SSD -> RAM reads of the packed layer files with O_DIRECT (the page cache is bypassed, so nothing is
   served from RAM), plus RAM -> RAM memcpy (the link of the RAM tier);
 - one forward pass of 1, 16, 64, 256, 1024 and 4096 tokens (over a short cached prefix): its time, the bytes
-  streamed, the time spent waiting for weights and the achieved streaming bandwidth (bytes / pass time);
+  streamed, the time spent waiting for weights and the achieved streaming bandwidth (bytes / pass time).
+  Passes run back to back, so the first ring slots and staging buffers of a pass were filled during the
+  previous pass's last layers (as they are during drafting in real use);
 - the same passes with accelerate's offloading (`device_map` with the same layers on the device / in RAM /
   on disk, `offload_folder`), with the page cache of its weight files dropped before each pass
   (posix_fadvise DONTNEED), so that its "disk" layers come from the disk too.
@@ -53,8 +55,9 @@ def _sync(device: torch.device) -> None:
 
 
 # --- raw bandwidths ------------------------------------------------------------------------------
-def raw_bandwidths(device: torch.device, ssd_files: list[Path], max_bytes: int = 4 * 10**9) -> dict:
-    """Bytes/s of the links: host -> device (GPU), SSD -> RAM with O_DIRECT, RAM -> RAM memcpy."""
+def raw_bandwidths(device: torch.device, ssd_files: list[Path], max_bytes: int = 4 * 10**9, repeats: int = 3) -> dict:
+    """Bytes/s of the links: host -> device (GPU), SSD -> RAM with O_DIRECT (median of `repeats` reads of up to
+    `max_bytes` of the streamed files), RAM -> RAM memcpy."""
     from .diskio import FileReader, aligned_empty
 
     out: dict[str, Any] = {}
@@ -76,14 +79,18 @@ def raw_bandwidths(device: torch.device, ssd_files: list[Path], max_bytes: int =
         reader = FileReader(direct=True)
         size = max(f.stat().st_size for f in ssd_files)
         buf = aligned_empty(size)  # (size,) one file at a time
-        total, seconds = 0, 0.0
-        for f in ssd_files:
-            if total >= max_bytes:
-                break
-            nbytes = f.stat().st_size
-            seconds += reader.read(f, buf, nbytes)
-            total += nbytes
-        out["ssd_read"] = total / seconds
+        rates = []
+        for _ in range(repeats):  # the same files the passes stream, read the same way (sequentially, whole files)
+            total, seconds = 0, 0.0
+            for f in ssd_files:
+                if total >= max_bytes:
+                    break
+                nbytes = f.stat().st_size
+                seconds += reader.read(f, buf, nbytes)
+                total += nbytes
+            rates.append(total / seconds)
+        out["ssd_read"] = statistics.median(rates)
+        out["ssd_read_all"] = rates
         out["ssd_read_mode"] = reader.mode + (" (O_DIRECT: page cache bypassed)" if reader.mode == "direct" else
                                               " (pages dropped after each read)")
         out["ssd_read_bytes"] = total

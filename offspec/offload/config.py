@@ -55,11 +55,6 @@ class OffloadConfig:
                                 load_cfg.offload_dir, max_context=load_cfg.max_context,
                                 max_budget=load_cfg.max_budget)
 
-    @property
-    def explicit(self) -> bool:
-        """True when the user asked for offloading in any way (a budget or a format)."""
-        return self.device_mem is not None or self.ram_mem is not None or self.quant != "none"
-
     def validate(self) -> "OffloadConfig":
         for name in ("quant", "draft_quant"):
             if getattr(self, name) not in QUANTS:

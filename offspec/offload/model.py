@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -246,17 +246,20 @@ def _materialize(sk: Skeleton, ck: Checkpoint, packed: PackedSet, placement: Pla
 
 def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, attn_implementation: str,
                    config: OffloadConfig, progress: ProgressFn = no_progress, extra_bytes: int = 0,
-                   already_allocated: int = 0, tiers: Optional[tuple[str, ...]] = None,
+                   already_allocated: int = 0, tiers: Optional[Union[str, tuple[str, ...]]] = None,
                    report: bool = True) -> tuple[Optional[Any], OffloadHandle]:
     """Place and (when needed) build `resolved`'s model under `config`'s budgets.
 
     Returns (model, handle); model is None when every layer fits and nothing is quantized (load it the usual
-    way). `tiers` forces a placement (tests, benchmarks); `extra_bytes` are other resident bytes (the draft).
+    way). `tiers` forces a placement (a tier per layer, or one tier for all: tests, benchmarks, a quantized draft);
+    `extra_bytes` are other resident bytes (the draft).
     """
     device = torch.device(device)
     ck = Checkpoint(resolved.path, resolved.name)
     sk = build_skeleton(resolved.path, dtype, attn_implementation, config.quant)
     sizes = model_sizes(sk, dtype, config, extra_bytes, device)
+    if isinstance(tiers, str):
+        tiers = (tiers,) * len(sk.layers)
     placement = forced(sizes, device, tiers, config) if tiers is not None else \
         plan_placement(sizes, device, config, already_allocated)
     if report:
@@ -311,10 +314,9 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
         draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                            progress=progress, tokenizer=draft_tok)
     else:
-        n = len(build_skeleton(draft_res.path, dtype, attn_implementation, "none").layers)
         model, _ = load_offloaded(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                   config=replace(config, quant=config.draft_quant), progress=progress,
-                                  tiers=("device",) * n, report=False)
+                                  tiers="device", report=False)  # resident, quantized, from its packed set
         draft = LoadedModel(name=draft_res.name, path=draft_res.path, model=model, tokenizer=draft_tok)
     elem = torch.empty((), dtype=dtype).element_size()
     draft_bytes = _param_bytes(draft.model)
