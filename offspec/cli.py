@@ -11,7 +11,7 @@ import sys
 from typing import Optional
 
 from .config import AUTO_BUDGET, GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
-from .errors import OffspecError
+from .errors import OffspecError, run_cli
 from .progress import ProgressEvent
 
 _TREE, _LOAD, _GEN, _SAMPLING = TreeConfig(), LoadConfig(), GenerationConfig(), SamplingConfig()
@@ -253,18 +253,15 @@ def _delegated(argv: list[str]):
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"setup": _cmd_setup, "generate": _cmd_generate, "bench": _cmd_bench, "chat": _cmd_chat}
-    try:
+
+    def command() -> int:
         delegated = _delegated(argv)
         if delegated is not None:
             return delegated()
         args = _parser().parse_args(argv)
         return commands[args.command](args)
-    except OffspecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+
+    return run_cli(command)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import OffspecError
+from ..errors import OffspecError, run_cli
 from .sizes import format_size
 
 TOKENS = "1,16,64,256,1024,4096"
@@ -326,14 +326,11 @@ def _layers_prefix(model) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        report = run(args)
-    except OffspecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_cli(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "offload-bench.json.tmp"

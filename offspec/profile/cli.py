@@ -15,20 +15,13 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..errors import OffspecError
+from ..errors import OffspecError, run_cli
 
 _TREE_FLAGS = ("budget", "max_beams", "max_depth")  # planned by the profile (the branch is the user's)
 
 
 def _run(fn, args) -> int:
-    try:
-        return fn(args)
-    except OffspecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; no profile was written", file=sys.stderr)
-        return 130
+    return run_cli(lambda: fn(args), interrupted="interrupted; no profile was written")
 
 
 # --- offspec profile ---------------------------------------------------------------------------------
