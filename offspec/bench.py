@@ -106,18 +106,20 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {"environment": environment(generator), "max_new_tokens": max_new_tokens,
               "temperature": temperature, "prompts": len(prompts), "setups": {}}
-    reference: dict[int, list[int]] = {}
-    for setup in setups:
-        runs = []
-        for i, prompt in enumerate(prompts):
+    runs: dict[str, list[dict]] = {setup.name: [] for setup in setups}
+    # Prompt by prompt, every set-up in turn: a slow spell of a noisy machine then costs all set-ups alike
+    # instead of whichever one happened to be running.
+    for i, prompt in enumerate(prompts):
+        reference: Optional[list[int]] = None
+        for setup in setups:
             run = {"prompt": i, **run_one(generator, setup, prompt, max_new_tokens=max_new_tokens,
                                           temperature=temperature, seed=i)}
             if setup.kind == "ar":
-                reference[i] = run["token_ids"]
-            elif temperature == 0 and i in reference:
-                run["matches_ar"] = run["token_ids"] == reference[i]
-            runs.append(run)
-            report["setups"][setup.name] = summarize(runs)
+                reference = run["token_ids"]
+            elif temperature == 0 and reference is not None:
+                run["matches_ar"] = run["token_ids"] == reference
+            runs[setup.name].append(run)
+            report["setups"][setup.name] = summarize(runs[setup.name])
             write_json(out_dir / "bench.json", report)
             on_progress(setup.name)
     (out_dir / "bench.md").write_text(markdown_table(report), encoding="utf-8")
