@@ -131,6 +131,7 @@ def summarize(runs: list[dict]) -> dict:
     tokens = sum(r["tokens"] for r in runs)
     passes = sum(r["passes"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
+    target_seconds = sum(r["target_seconds"] for r in runs)
     per_pass = (lambda key: sum(r[key] for r in runs) / passes) if passes else (lambda key: 0.0)
     summary = {
         "prompts": len(runs), "tokens": tokens, "passes": passes,
@@ -140,6 +141,8 @@ def summarize(runs: list[dict]) -> dict:
         "target_seconds_per_pass": per_pass("target_seconds"),
         "io_wait_seconds_per_pass": per_pass("io_wait_seconds"),
         "bytes_streamed_per_pass": per_pass("bytes_streamed"),
+        # achieved weight-streaming bandwidth over the target passes (bytes/s; 0 when nothing streams)
+        "stream_bandwidth": (sum(r["bytes_streamed"] for r in runs) / target_seconds) if target_seconds else 0.0,
         "budgets": sorted({b for r in runs for b in r["budgets"]}),
         "runs": runs,
     }

@@ -34,6 +34,11 @@ class PassStats:
     bytes_streamed: int = 0  # weight bytes streamed to the device for this pass
     tree: Optional[TreeSnapshot] = None  # filled in for the last pass of a call (for the UI's tree panel)
 
+    @property
+    def stream_bandwidth(self) -> float:
+        """Achieved weight-streaming bandwidth of this pass, bytes/s over the whole target pass (0 if none)."""
+        return self.bytes_streamed / self.target_seconds if self.bytes_streamed and self.target_seconds > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -79,9 +84,13 @@ class GenerationResult:
             "stop_reason": self.stop_reason,
             "prompt_tokens": self.prompt_tokens,
             "reused_prompt_tokens": self.reused_prompt_tokens,
+            "io_wait_seconds": round(sum(p.io_wait_seconds for p in self.passes), 4),
+            "bytes_streamed": sum(p.bytes_streamed for p in self.passes),
             "per_pass": [
                 {"tree_size": p.tree_size, "accepted": p.accepted, "emitted": p.emitted,
-                 "draft_seconds": round(p.draft_seconds, 5), "target_seconds": round(p.target_seconds, 5)}
+                 "draft_seconds": round(p.draft_seconds, 5), "target_seconds": round(p.target_seconds, 5),
+                 "io_wait_seconds": round(p.io_wait_seconds, 5), "bytes_streamed": p.bytes_streamed,
+                 "stream_gb_per_s": round(p.stream_bandwidth / 1e9, 3)}
                 for p in self.passes
             ],
         }

@@ -53,6 +53,11 @@ def test_speculative_greedy_with_a_streamed_target_equals_plain_greedy(tiny_dirs
         assert len(streamed) == len(spec.passes)  # every target pass streamed the SSD layers once
         assert all(p.bytes_streamed == placement["bytes_per_pass"] for p in spec.passes)
         assert all(0.0 <= p.io_wait_seconds <= p.target_seconds + 1e-3 for p in spec.passes)
+        assert all(p.stream_bandwidth == p.bytes_streamed / p.target_seconds for p in spec.passes)
+        summary = spec.summary()  # what `offspec generate --json` prints
+        assert summary["bytes_streamed"] == placement["bytes_per_pass"] * len(spec.passes)
+        assert [row["bytes_streamed"] for row in summary["per_pass"]] == [p.bytes_streamed for p in spec.passes]
+        assert all(row["stream_gb_per_s"] > 0 and row["io_wait_seconds"] >= 0 for row in summary["per_pass"])
 
 
 def test_quantized_target_and_draft_stay_lossless_with_respect_to_the_quantized_target(tiny_dirs, deep_targets,
@@ -98,3 +103,21 @@ def test_cli_offload_flags_become_load_options():
     assert "device_mem" not in load_options(_parser().parse_args(["generate", "hi"]))
     with pytest.raises(SystemExit):
         _parser().parse_args(["generate", "--quant", "int3", "hi"])
+
+
+def test_bench_with_a_streamed_target_counts_bytes_and_stays_lossless(tiny_dirs, deep_targets, tmp_path):
+    from offspec.bench import parse_setups, run_bench
+    from offspec.config import TreeConfig
+
+    target, draft = deep_targets["llama"], tiny_dirs[("llama", 0)][1]
+    options = dict(dtype="float64", max_context=256, max_budget=64)
+    budget = _minimal_device_mem(target, draft, tmp_path, **options)
+    gen = offspec.load(str(target), str(draft), device_mem=budget, offload_dir=str(tmp_path), budget=8, **options)
+    per_pass = gen.info.extra["placement"]["bytes_per_pass"]
+    report = run_bench(gen, ["Hello there", "abc"], parse_setups("ar,hf,8", TreeConfig()), max_new_tokens=12,
+                       temperature=0.0, out_dir=tmp_path / "bench")
+    ar, hf, tree = (report["setups"][name] for name in ("ar", "hf-assisted", "tree8"))
+    assert hf["greedy_mismatches"] == 0 and tree["greedy_mismatches"] == 0  # transformers' generate over the hooks
+    for s in (ar, tree):
+        assert s["bytes_streamed_per_pass"] == per_pass and s["stream_bandwidth"] > 0
+    assert hf["stream_bandwidth"] == 0.0  # not counted outside offspec's engine

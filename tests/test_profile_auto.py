@@ -129,3 +129,15 @@ def test_cli_budget_flag_accepts_auto(tiny_dirs, tmp_path):
     assert json.loads(proc.stdout)["passes"] >= 1
     bad = subprocess.run(base + ["--budget", "lots", "Hi"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "auto or a positive integer" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tree_growth_timing_stops_at_the_first_budget_not_worth_it(tiny_dirs, config_dir):
+    from offspec.profile.measure import calibration_prompts, measure_propose
+
+    target, draft = tiny_dirs[("llama", 0)]
+    gen = offspec.load(str(target), str(draft), max_context=256, budget=8)
+    seen = []
+    rows = measure_propose(gen, [1, 2, 4, 8, 16], calibration_prompts(2),
+                           worth=lambda b, s: (seen.append(b), b < 4)[1])
+    assert [b for b, _ in rows] == [1, 2] and all(s > 0 for _, s in rows)
+    assert seen == [1, 2, 4]  # nothing past the first budget not worth it is timed, on any context

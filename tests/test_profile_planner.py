@@ -133,3 +133,7 @@ def test_sweeps_stop_when_compute_bound_and_probe_past_streaming(monkeypatch):
     assert [n for n, _ in points] == [1, 2, 16, 128, 1024] and bound is None
     curve = CostCurve.of(points)
     assert curve(100) == pytest.approx(2.0) and curve(2048) > curve(1024) > 2.0
+    # out of time where the cost already grew (a CPU): no probe of far bigger, far slower sizes
+    calls = fake_times(lambda n: 0.5 if n < 4 else 5.0)
+    points, bound = timing.sweep(lambda n: n, cpu, timing.SweepConfig(repeats=1, max_call_seconds=1.0), "t", "t")
+    assert [n for n, _ in points] == [1, 2, 4] and bound is None

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -185,23 +185,30 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
     return section, statistics.mean(ratios)
 
 
-def measure_propose(generator, budgets: list[int], prompts: list[dict], progress: ProgressFn = no_progress
-                    ) -> list[list[float]]:
-    """Seconds to grow a whole tree at each budget (automatic beams, calibration depth): [[budget, seconds]]."""
+def measure_propose(generator, budgets: list[int], prompts: list[dict], progress: ProgressFn = no_progress,
+                    worth: Callable[[int, float], bool] = lambda budget, seconds: True) -> list[list[float]]:
+    """Seconds to grow a whole tree at each budget (automatic beams, calibration depth): [[budget, seconds]].
+
+    Budgets go up in order; on the first context, the first budget for which `worth(budget, seconds)` is false
+    ends the list (growth only gets slower with the budget): only the budgets before it are timed further.
+    """
     engine = generator.engine
     drafter = engine.drafter
-    rows: dict[int, list[float]] = {b: [] for b in budgets}
+    rows: dict[int, list[float]] = {}
     for i, record in enumerate(prompts):
         tokens = generator.encode(record["prompt"])[-max(1, engine.max_context // 2):]
         engine.reset_to(tokens)
-        for k, b in enumerate(budgets):
+        for k, b in enumerate(budgets if i == 0 else list(rows)):
             progress(ProgressEvent("propose", f"draft tree growth: budget {b}", i * len(budgets) + k,
                                    len(prompts) * len(budgets)))
             config = TreeConfig(budget=b, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH)
             drafter.propose(tokens, config, 0.0)  # untimed: sizes the tree buffers for this budget
-            rows[b].append(timed(lambda: drafter.propose(tokens, config, 0.0), drafter.runner.device))
+            rows.setdefault(b, []).append(timed(lambda: drafter.propose(tokens, config, 0.0), drafter.runner.device))
+            if i == 0 and not worth(b, rows[b][-1]):
+                del rows[b]
+                break
     progress(ProgressEvent("propose", "draft tree growth", 1, 1, finished=True))
-    return [[b, round(statistics.median(rows[b]), 6)] for b in budgets]
+    return [[b, round(statistics.median(times), 6)] for b, times in rows.items()]
 
 
 def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list[dict]] = None,
@@ -233,11 +240,19 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
                 raise OffspecError(f"--max-tree {config.forced_budget} is above max_budget {engine.max_budget}; "
                                    f"raise --max-budget")
             budgets = sorted({b for b in BUDGETS if b < config.forced_budget} | {config.forced_budget})
+            propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress)
         else:
             cap = min(config.largest_budget, engine.max_budget)
             budgets = [b for b in BUDGETS if b <= cap and (curve(b + 1) <= limit or b <= config.smallest_budget)]
+            # a calibration tree must fit after the shortest prompt, or no pass can run (short test contexts)
+            fits = engine.max_context - min(len(generator.encode(p["prompt"])) for p in prompts) - 2
+            budgets = [b for b in budgets if b < fits] or [b for b in BUDGETS if b < fits][:1] or budgets[:1]
+            # growing the tree counts too: once growth + verification cost more than the limit, bigger trees
+            # cannot pay off (their acceptance passes are the slowest part of a profile on a CPU)
+            propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress,
+                                      worth=lambda b, s: s + curve(b + 1) <= limit or b <= config.smallest_budget)
+            budgets = [b for b, _ in propose]
         acceptance, expand_ratio = measure_acceptance(generator, budgets, prompts, config.passes, progress)
-        propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress)
     finally:
         engine.tokens = []  # forget the calibration conversation
         engine.target.cache.truncate(0)

@@ -74,7 +74,8 @@ def sweep(run: Callable[[int], object], device: torch.device, config: SweepConfi
                 break
         too_long = points[-1][1] > config.max_call_seconds or time.perf_counter() - start > config.max_total_seconds
         if too_long and len(points) >= config.min_points:
-            if config.probe and bound_from is None:
+            still_flat = points[-1][1] < 2 * points[0][1]  # else compute already shows: no knee left to find
+            if config.probe and bound_from is None and still_flat:
                 points += _probe(run, device, config, points, start, step, message, progress)
             break
     progress(ProgressEvent(step, message, len(sizes), len(sizes), finished=True))
