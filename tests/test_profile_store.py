@@ -148,3 +148,18 @@ def test_acceptance_files_load(tmp_path):
         store.load_acceptance(ROOT / "profiles" / "rtx4090.json")
     prior = json.loads((ROOT / "offspec" / "data" / "acceptance_prior.json").read_text())
     validate(prior, "prior", ACCEPTANCE_FILE_SCHEMA)
+
+
+def test_cpu_thread_count_is_part_of_the_hardware_key(monkeypatch):
+    import torch
+
+    from offspec.profile.hardware import identity
+
+    cpu = torch.device("cpu")
+    here = identity(cpu)
+    assert here["cpu_threads"] == torch.get_num_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: here["cpu_threads"] + 1)
+    other = identity(cpu)  # e.g. the same box under OMP_NUM_THREADS: every pass costs differently
+    models = {"target": "t", "draft": "d"}
+    assert store.fingerprint(store.profile_key(here, models, None)) != \
+        store.fingerprint(store.profile_key(other, models, None))

@@ -51,9 +51,12 @@ def identity(device: torch.device) -> dict:
     import psutil
 
     mem = device_memory(device)
-    return {"device_type": device.type, "device_name": device_name(device),
-            "device_memory_gb": round(mem / 1e9) if mem else None, "cpu": cpu_name(),
-            "cpu_cores": os.cpu_count() or 1, "host_ram_gb": round(psutil.virtual_memory().total / 1e9)}
+    facts = {"device_type": device.type, "device_name": device_name(device),
+             "device_memory_gb": round(mem / 1e9) if mem else None, "cpu": cpu_name(),
+             "cpu_cores": os.cpu_count() or 1, "host_ram_gb": round(psutil.virtual_memory().total / 1e9)}
+    if device.type == "cpu":
+        facts["cpu_threads"] = torch.get_num_threads()  # OMP_NUM_THREADS=1 makes every pass cost differently
+    return facts
 
 
 def _sync(device: torch.device) -> None:
