@@ -204,6 +204,7 @@ def environment(generator) -> dict:
     info = generator.info
     env = {"target": info.target, "draft": info.draft, "device": info.device, "dtype": info.dtype,
            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+           "torch_threads": torch.get_num_threads(),
            "ram_gb": round(psutil.virtual_memory().total / 2**30, 1), "torch": torch.__version__,
            "transformers": transformers.__version__, "python": platform.python_version(),
            "time": time.strftime("%Y-%m-%d %H:%M:%S"), "extra": info.extra}

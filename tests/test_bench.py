@@ -62,6 +62,7 @@ def test_every_setup_runs_and_greedy_runs_match(tiny_pair, tmp_path):
     assert report["setups"]["tree64"]["tokens_per_pass"] > 1.0
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["environment"]["target"] and len(saved["setups"]["tree8"]["runs"]) == 2
+    assert saved["environment"]["torch_threads"] >= 1
     table = (tmp_path / "bench.md").read_text()
     assert "| tree64 | 2 |" in table and "greedy mismatches" in table
     assert (tmp_path / "bench.png").stat().st_size > 1000
