@@ -176,12 +176,20 @@ def plot(report: dict, path: Path) -> None:
     setups = report["setups"]
     trees = sorted(((int(n[4:]), s) for n, s in setups.items() if n.startswith("tree")), key=lambda x: x[0])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    # auto is a point at the budget it used most (its runs may re-plan), the others horizontal lines
+    auto = setups.get("auto")
+    auto_budget = max(auto["budgets"], key=lambda b: sum(b in r["budgets"] for r in auto["runs"])) \
+        if auto and auto["budgets"] else None
+    lines = [(n, s) for n, s in setups.items() if not n.startswith("tree") and not (n == "auto" and auto_budget)]
     for ax, key, label in ((axes[0], "tokens_per_second", "tokens/s"), (axes[1], "tokens_per_pass", "tokens per pass")):
         if trees:
             ax.plot([b for b, _ in trees], [s[key] for _, s in trees], "o-", label="offspec tree")
+        if auto_budget:
+            ax.plot([auto_budget], [auto[key]], "*", markersize=14, color="C3", label=f"auto (budget {auto_budget})")
+        if trees or auto_budget:
             ax.set_xscale("log", base=2)
-        for i, (name, s) in enumerate((n, s) for n, s in setups.items() if not n.startswith("tree")):
-            ax.axhline(s[key], linestyle="--", color=f"C{i + 1}", label=name)
+        for i, (name, s) in enumerate(lines):
+            ax.axhline(s[key], linestyle="--", color=f"C{i + 4}", label=name)
         ax.set_xlabel("tree budget (draft tokens per pass)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
