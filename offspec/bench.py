@@ -180,7 +180,7 @@ def plot(report: dict, path: Path) -> None:
     setups = report["setups"]
     trees = sorted(((int(n[4:]), s) for n, s in setups.items() if n.startswith("tree")), key=lambda x: x[0])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    # auto is a point at the budget it used most (its runs may re-plan), the others horizontal lines
+    # auto is a point at the budget most of its runs used (they may re-plan), the others horizontal lines
     auto = setups.get("auto")
     auto_budget = max(auto["budgets"], key=lambda b: sum(b in r["budgets"] for r in auto["runs"])) \
         if auto and auto["budgets"] else None
