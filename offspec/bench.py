@@ -5,11 +5,13 @@ generation with the same draft: a single chain), `chainN` (offspec with one draf
 integers (offspec trees of that budget) and `auto` (the budget the generator would pick itself).
 Greedy runs are checked token for token against `ar` (run first when present); a mismatch is counted and
 reported loudly. Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the
-environment; the JSON is rewritten after each prompt, so a long run can be stopped and still read.
+environment; the JSON is rewritten after each prompt, so a long run can be stopped and still read, and
+`resume=True` continues it (or extends it to more prompts) with the same settings.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -102,18 +104,29 @@ def _run_hf_assisted(generator, prompt: str, *, max_new_tokens: int, temperature
 
 
 def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tokens: int, temperature: float,
-              out_dir: Path, on_progress: Callable[[str], None] = lambda name: None) -> dict:
+              out_dir: Path, on_progress: Callable[[str], None] = lambda name: None, resume: bool = False,
+              on_resumed: Callable[[int], None] = lambda done: None) -> dict:
+    """Every prompt through every set-up. With `resume`, the prompts already measured in `out_dir/bench.json`
+    (by every set-up) are kept and only the rest run; the settings must match (see `_resumable`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = {"environment": environment(generator), "max_new_tokens": max_new_tokens,
+    env = environment(generator)
+    report = {"environment": env, "max_new_tokens": max_new_tokens,
               "temperature": temperature, "prompts": len(prompts), "setups": {}}
     runs: dict[str, list[dict]] = {setup.name: [] for setup in setups}
+    if resume and (out_dir / "bench.json").is_file():
+        report, runs = _resumable(out_dir / "bench.json", report, runs, prompts)
+    done = min(len(r) for r in runs.values())
+    if done:
+        on_resumed(done)
     # Prompt by prompt, every set-up in turn: a slow spell of a noisy machine then costs all set-ups alike
     # instead of whichever one happened to be running.
-    for i, prompt in enumerate(prompts):
+    for i in range(done, len(prompts)):
+        prompt = prompts[i]
         reference: Optional[list[int]] = None
         for setup in setups:
-            run = {"prompt": i, **run_one(generator, setup, prompt, max_new_tokens=max_new_tokens,
-                                          temperature=temperature, seed=i)}
+            run = {"prompt": i, "prompt_sha": prompt_sha(prompt),
+                   **run_one(generator, setup, prompt, max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=i)}
             if setup.kind == "ar":
                 reference = run["token_ids"]
             elif temperature == 0 and reference is not None:
@@ -122,9 +135,50 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
             report["setups"][setup.name] = summarize(runs[setup.name])
             write_json(out_dir / "bench.json", report)
             on_progress(setup.name)
+    for setup in setups:
+        report["setups"][setup.name] = summarize(runs[setup.name])
+    if "budget_adaptive" in generator.info.extra:  # where auto's re-planning ended (the environment has its start)
+        report["budget_adaptive_end"] = json.loads(json.dumps(generator.info.extra["budget_adaptive"], default=str))
+    write_json(out_dir / "bench.json", report)
     (out_dir / "bench.md").write_text(markdown_table(report), encoding="utf-8")
     plot(report, out_dir / "bench.png")
     return report
+
+
+def prompt_sha(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+def _resumable(path: Path, fresh: dict, runs: dict[str, list[dict]], prompts: list[str]) -> tuple[dict, dict]:
+    """The earlier report at `path` and its complete prompts (measured by every set-up), checked against the
+    settings of this run. The earlier environment is kept; this run's is appended under "resumed"."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        old_setups = old["setups"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise OffspecError(f"{path} is not a bench report; drop --resume or pick another --out") from None
+    fix = "; rerun with the same settings, or drop --resume / pick another --out"
+    if set(old_setups) != set(runs):
+        raise OffspecError(f"{path} measured set-ups {','.join(old_setups)}, not {','.join(runs)}{fix}")
+    for key in ("max_new_tokens", "temperature"):
+        if old.get(key) != fresh[key]:
+            raise OffspecError(f"{path} used {key} {old.get(key)}, this run {fresh[key]}{fix}")
+    old_env, env = old.get("environment", {}), fresh["environment"]
+    placement = lambda e: (e.get("extra") or {}).get("placement", {}).get("tiers")  # noqa: E731
+    for name, get in (("target", lambda e: e.get("target")), ("draft", lambda e: e.get("draft")),
+                      ("device", lambda e: e.get("device")), ("dtype", lambda e: e.get("dtype")),
+                      ("placement", placement), ("torch threads", lambda e: e.get("torch_threads"))):
+        if get(old_env) is not None and get(old_env) != get(env):
+            raise OffspecError(f"{path} was measured with {name} {get(old_env)}, this run has {get(env)}{fix}")
+    done = min(min(len(s.get("runs", [])) for s in old_setups.values()), len(prompts))
+    for name in runs:
+        runs[name] = old_setups[name]["runs"][:done]  # a prompt that not every set-up finished runs again
+        for i, run in enumerate(runs[name]):
+            if run.get("prompt") != i or run.get("prompt_sha", prompt_sha(prompts[i])) != prompt_sha(prompts[i]):
+                raise OffspecError(f"{path} prompt {i} is not prompt {i} of this prompt file{fix}")
+    report = {**old, "prompts": len(prompts), "setups": {n: summarize(r) for n, r in runs.items()}}
+    report["resumed"] = [*old.get("resumed", []), {"at_prompt": done, "environment": env}]
+    return report, runs
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -219,7 +273,8 @@ def environment(generator) -> dict:
            "torch_threads": torch.get_num_threads(),
            "ram_gb": round(psutil.virtual_memory().total / 2**30, 1), "torch": torch.__version__,
            "transformers": transformers.__version__, "python": platform.python_version(),
-           "time": time.strftime("%Y-%m-%d %H:%M:%S"), "extra": info.extra}
+           "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "extra": json.loads(json.dumps(info.extra, default=str))}  # a snapshot: auto's state changes as it runs
     if info.device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name(0)
     return env

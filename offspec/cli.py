@@ -132,6 +132,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma list of set-ups: ar (target alone), hf (transformers assisted generation), chainN, "
                         "a tree budget, auto (default ar,hf,16,64,256,1024)")
     b.add_argument("--out", default="bench-out", help="output directory (bench.json, bench.md)")
+    b.add_argument("--resume", action="store_true",
+                   help="continue the run in --out: keep the prompts it measured, run the rest (same settings)")
 
     sub.add_parser("profile", help="measure the machine and the model pair, choose the tree budget "
                                    "(see `offspec profile --help`)", add_help=False)
@@ -213,7 +215,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     generator = offspec.load(progress=TqdmProgress(), **options)
     with tqdm(total=len(prompts) * len(setups), file=sys.stderr, desc="bench", dynamic_ncols=True) as bar:
         report = run_bench(generator, prompts, setups, max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, out_dir=Path(args.out),
+                           temperature=args.temperature, out_dir=Path(args.out), resume=args.resume,
+                           on_resumed=lambda done: bar.reset(total=(len(prompts) - done) * len(setups)),
                            on_progress=lambda name: (bar.set_description(f"bench {name}"), bar.update(1)))
     print(markdown_table(report))
     print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)

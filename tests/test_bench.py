@@ -96,3 +96,46 @@ def test_bench_cli_writes_table_json_and_plot(tiny_dirs, tmp_path):
     assert "| tree8 | 2 |" in proc.stdout
     for name in ("bench.json", "bench.md", "bench.png"):
         assert (tmp_path / "out" / name).exists()
+
+
+def test_resume_keeps_measured_prompts_and_runs_the_rest(tiny_pair, tmp_path, monkeypatch):
+    setups = parse_setups("ar,8", TreeConfig())
+    run_bench(tiny_pair, ["Hello", "Hi"], setups, max_new_tokens=8, temperature=0.0, out_dir=tmp_path)
+    first = json.loads((tmp_path / "bench.json").read_text())
+    ran: list[str] = []
+    real_generate = tiny_pair.generate
+
+    def counting(prompt, **kwargs):
+        ran.append(prompt)
+        return real_generate(prompt, **kwargs)
+
+    monkeypatch.setattr(tiny_pair, "generate", counting)
+    resumed: list[int] = []
+    report = run_bench(tiny_pair, ["Hello", "Hi", "def f(x):"], setups, max_new_tokens=8, temperature=0.0,
+                       out_dir=tmp_path, resume=True, on_resumed=resumed.append)
+    assert ran == ["def f(x):", "def f(x):"] and resumed == [2]  # only the new prompt, by both set-ups
+    assert [r["prompt"] for r in report["setups"]["tree8"]["runs"]] == [0, 1, 2]
+    assert report["setups"]["ar"]["runs"][:2] == first["setups"]["ar"]["runs"]
+    assert report["setups"]["tree8"]["prompts"] == 3 and report["setups"]["tree8"]["greedy_mismatches"] == 0
+    assert report["environment"] == first["environment"] and report["resumed"][0]["at_prompt"] == 2
+    assert "| tree8 | 3 |" in (tmp_path / "bench.md").read_text()
+
+    # A prompt that not every set-up finished runs again; different prompts or settings are refused.
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    del saved["setups"]["tree8"]["runs"][2]
+    (tmp_path / "bench.json").write_text(json.dumps(saved))
+    ran.clear()
+    run_bench(tiny_pair, ["Hello", "Hi", "def f(x):"], setups, max_new_tokens=8, temperature=0.0,
+              out_dir=tmp_path, resume=True)
+    assert ran == ["def f(x):", "def f(x):"]
+    with pytest.raises(OffspecError, match="prompt 1 is not prompt 1"):
+        run_bench(tiny_pair, ["Hello", "Other"], setups, max_new_tokens=8, temperature=0.0, out_dir=tmp_path,
+                  resume=True)
+    with pytest.raises(OffspecError, match="max_new_tokens 8, this run 16"):
+        run_bench(tiny_pair, ["Hello"], setups, max_new_tokens=16, temperature=0.0, out_dir=tmp_path, resume=True)
+    with pytest.raises(OffspecError, match="measured set-ups ar,tree8, not ar,tree16"):
+        run_bench(tiny_pair, ["Hello"], parse_setups("ar,16", TreeConfig()), max_new_tokens=8, temperature=0.0,
+                  out_dir=tmp_path, resume=True)
+    (tmp_path / "bench.json").write_text("{not json")
+    with pytest.raises(OffspecError, match="not a bench report"):
+        run_bench(tiny_pair, ["Hello"], setups, max_new_tokens=8, temperature=0.0, out_dir=tmp_path, resume=True)
