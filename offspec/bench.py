@@ -213,7 +213,8 @@ def markdown_table(report: dict) -> str:
              "MB streamed/pass | greedy mismatches vs ar |", "|---|---|---|---|---|---|---|---|---|"]
     for name, s in setups.items():
         speedup = f"{s['tokens_per_second'] / ar['tokens_per_second']:.2f}x" if ar and ar["tokens_per_second"] else "-"
-        label = name if name != "auto" else f"auto (budget {','.join(map(str, s['budgets']))})"
+        budgets = ",".join(str(b) if b else "none" for b in s["budgets"])  # 0: passes without a tree
+        label = name if name != "auto" else f"auto (budget {budgets})"
         if name == "hf-assisted":  # transformers' generate: its passes are counted, not split or metered
             split = "- | - | -"
         else:
@@ -237,7 +238,7 @@ def plot(report: dict, path: Path) -> None:
     # auto is a point at the budget most of its runs used (they may re-plan), the others horizontal lines
     auto = setups.get("auto")
     auto_budget = max(auto["budgets"], key=lambda b: sum(b in r["budgets"] for r in auto["runs"])) \
-        if auto and auto["budgets"] else None
+        if auto and auto["budgets"] else None  # 0 (no tree: the target alone predicted faster) is a line
     lines = [(n, s) for n, s in setups.items() if not n.startswith("tree") and not (n == "auto" and auto_budget)]
     for ax, key, label in ((axes[0], "tokens_per_second", "tokens/s"), (axes[1], "tokens_per_pass", "tokens per pass")):
         if trees:

@@ -103,7 +103,7 @@ class Generator:
             if engine.room <= 0:
                 stop_reason = "context"
                 break
-            if gen.speculate:
+            if gen.speculate and (policy is None or policy.speculates):
                 step_tree = policy.next_tree(tree) if policy is not None else tree
                 new, stats = engine.speculative_step(step_tree, chooser, snapshot=True)
                 if policy is not None:

@@ -62,6 +62,11 @@ def test_cpu_placement_charges_slots_and_staging_to_the_device_budget():
     p = plan_placement(sizes, CPU, OffloadConfig(device_mem=100 + 200_000 + staging + 250_000, ram_mem=0))
     assert (p.count("device"), p.count("ram"), p.count("ssd")) == (2, 0, 6)
     assert p.device_bytes <= p.device_budget and p.host_bytes == 0
+    assert sum(p.device_breakdown().values()) == p.device_bytes and "draft" not in p.device_breakdown()
+    with_draft = plan_placement(_sizes(n=8, layer=100_000, extra=40),
+                                CPU, OffloadConfig(device_mem=140 + 200_000 + staging + 250_000, ram_mem=0))
+    assert with_draft.tiers == p.tiers and with_draft.device_breakdown()["draft"] == 40
+    assert "(2 layers 200 KB, draft 40 B," in with_draft.describe()  # says what the device budget holds
     p = plan_placement(sizes, CPU, OffloadConfig(device_mem=200_100, ram_mem=800_000))  # RAM tier given: no staging
     assert (p.count("device"), p.count("ram"), p.count("ssd")) == (0, 8, 0)
 

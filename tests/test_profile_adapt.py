@@ -1,7 +1,9 @@
-"""Online adaptation on a scripted stream of PassStats: steady acceptance keeps the plan, drift re-plans."""
+"""Online adaptation on a scripted stream of PassStats (steady acceptance keeps the plan, drift re-plans), and
+auto without a tree when the plan predicts none beats the target alone."""
 
 import math
 
+from offspec.bench import parse_setups, run_bench
 from offspec.config import TreeConfig
 from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
 from offspec.profile.curves import AcceptanceCurve, CostCurve
@@ -73,3 +75,36 @@ def test_autoregressive_passes_are_ignored():
     policy = cpu_like_policy()
     policy.observe(PassStats(tree_size=0, accepted=0, emitted=1, draft_seconds=0, target_seconds=0.3, budget=0))
     assert policy.passes == 0
+
+
+def slow_draft_policy(extra=None) -> AdaptiveBudget:
+    """A draft step costs as much as two target passes: no tree can beat the target alone."""
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.3), (129, 1.58)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.6)]))
+    acceptance = AcceptanceCurve.of(BUDGETS, [2.0 * (1 - math.exp(-b / 6)) for b in BUDGETS])
+    return AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=BUDGETS), AdaptConfig(), extra=extra)
+
+
+def test_auto_decodes_without_a_tree_when_no_tree_pays_off(tiny_pair, tmp_path):
+    assert cpu_like_policy().speculates  # the cheap draft: trees pay
+    extra: dict = {}
+    policy = slow_draft_policy(extra)
+    assert not policy.speculates and extra["budget_adaptive"]["speculate"] is False
+    assert policy.plan.summary()["speculate"] is False
+    assert any("decodes with the target alone" in note for note in policy.plan.notes)
+
+    saved_tree, saved_policy = tiny_pair.tree, tiny_pair.policy
+    try:
+        tiny_pair.policy, tiny_pair.tree = policy, policy.base_tree  # what load(budget="auto") sets up
+        plain = tiny_pair.generate("Hello", max_new_tokens=12, speculate=False)
+        auto = tiny_pair.generate("Hello", max_new_tokens=12)
+        assert auto.token_ids == plain.token_ids
+        assert all(p.tree_size == 0 and p.budget == 0 for p in auto.passes) and policy.passes == 0
+        fixed = tiny_pair.generate("Hello", max_new_tokens=12, budget=4)  # an explicit budget still speculates
+        assert fixed.token_ids == plain.token_ids and all(p.budget == 4 for p in fixed.passes)
+        report = run_bench(tiny_pair, ["Hello"], parse_setups("ar,auto", TreeConfig()), max_new_tokens=8,
+                           temperature=0.0, out_dir=tmp_path)
+        assert report["setups"]["auto"]["budgets"] == [0] and report["setups"]["auto"]["greedy_mismatches"] == 0
+        assert "| auto (budget none) | 1 | 1.00 |" in (tmp_path / "bench.md").read_text()
+    finally:
+        tiny_pair.tree, tiny_pair.policy = saved_tree, saved_policy

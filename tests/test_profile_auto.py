@@ -69,16 +69,20 @@ def test_auto_budget_uses_the_matching_profile(quick_profile, tiny_dirs, monkeyp
     assert gen.tree.budget == data["plan"]["budget"] == gen.info.default_budget
     assert gen.tree.max_beams == data["plan"]["max_beams"] and gen.tree.max_depth == data["plan"]["max_depth"]
     result = gen.generate("Hello", max_new_tokens=24)
-    assert result.passes[0].budget == data["plan"]["budget"]
-    assert gen.policy.passes == result.n_passes  # the policy saw every pass
-    assert gen.info.extra["budget_adaptive"]["passes_observed"] == result.n_passes
+    # the tiny pair's measured plan may predict that no tree pays off; auto then runs passes without a tree
+    speculates = data["plan"]["speculate"]
+    assert gen.policy.speculates == speculates
+    assert result.passes[0].budget == (data["plan"]["budget"] if speculates else 0)
+    assert gen.policy.passes == (result.n_passes if speculates else 0)  # the policy saw every tree pass
+    assert gen.info.extra["budget_adaptive"]["passes_observed"] == gen.policy.passes
     # an explicit per-call budget, or a tree assigned by a caller (bench), bypasses the policy
     assert all(p.budget == 3 for p in gen.generate("Hello", max_new_tokens=8, budget=3).passes)
     saved = gen.tree
     gen.tree = offspec.TreeConfig(budget=5)
     assert all(p.budget == 5 for p in gen.generate("Hello", max_new_tokens=8).passes)
     gen.tree = saved
-    assert gen.generate("Hello", max_new_tokens=8).passes[0].budget == gen.policy.plan.best.budget
+    assert gen.generate("Hello", max_new_tokens=8).passes[0].budget == (gen.policy.plan.best.budget if speculates
+                                                                        else 0)
 
 
 def test_auto_budget_without_profile_estimates_at_start_up(tiny_dirs, config_dir):

@@ -246,6 +246,7 @@ def test_speed_line_splits_weight_waiting_from_compute():
     meter2.add(2, (plain,))
     assert "target 100 ms/pass" in speed_line(meter2, INFO, 4) and "weights" not in speed_line(meter2, INFO, 4)
     assert budget_label(INFO, 16) == "budget 16 (fixed)"
+    assert budget_label(INFO, None, 0) == "target alone (profile)"  # auto predicted no tree pays off
     assert speed_line(None, INFO, None) == "ready · budget 64 (profile)"
     meter.finish(GenerationResult("x", [1] * 8, [stats, stats], 2.0, "cancelled"))
     assert "4.0 tok/s" in speed_line(meter, INFO, None) and "cancelled" in speed_line(meter, INFO, None)

@@ -92,6 +92,9 @@ def budget_label(info: ModelInfo, fixed_budget: Optional[int], last_budget: Opti
     if fixed_budget is not None:
         return f"budget {fixed_budget} (fixed)"
     source = str(info.extra.get("budget_source", "default"))
+    planned_none = (info.extra.get("budget_plan") or {}).get("speculate") is False
+    if last_budget == 0 or (last_budget is None and planned_none):  # auto: the target alone is predicted faster
+        return f"target alone ({source})"
     return f"budget {last_budget or info.default_budget} ({source})"
 
 

@@ -77,6 +77,15 @@ class Placement:
         return (self.resident_bytes + self.bytes_in("device") + self.ring_bytes
                 + (self.staging_bytes if host_is_device else 0))
 
+    def device_breakdown(self) -> dict[str, int]:
+        """What the planned device bytes are made of (the values sum to `device_bytes`; zero parts left out)."""
+        s, host_is_device = self.sizes, self.device == "cpu"
+        parts = {f"{self.count('device')} layers": self.bytes_in("device"), "draft": s.extra_bytes,
+                 "embeddings and LM head": s.other_bytes, "KV cache and activations": s.kv_bytes + s.activation_bytes,
+                 "streaming slots": self.ring_bytes + (self.staging_bytes if host_is_device else 0),
+                 "workspace": s.workspace_bytes}
+        return {name: n for name, n in parts.items() if n > 0}
+
     @property
     def host_bytes(self) -> int:
         """Planned use of the RAM budget."""
@@ -100,6 +109,7 @@ class Placement:
             "resident_bytes": self.resident_bytes, "ring_bytes": self.ring_bytes, "staging_bytes": self.staging_bytes,
             "bytes_per_pass": self.bytes_per_pass, "predicted_pass_seconds": round(self.predicted_pass_seconds, 4),
             "assumed_bandwidth": dict(self.bandwidth), "sizes": asdict(self.sizes),
+            "device_breakdown": self.device_breakdown(),
         }
 
     def describe(self) -> str:
@@ -111,8 +121,9 @@ class Placement:
         fmt = "" if self.quant == "none" else f" ({self.quant})"
         t = self.predicted_pass_seconds
         when = f"{t:.2f} s" if t >= 1 else f"{t * 1000:.3g} ms"
+        parts = ", ".join(f"{name} {format_size(n)}" for name, n in self.device_breakdown().items())
         return (f"placement: {where}{fmt}; {format_size(self.bytes_per_pass)} per pass, predicted {when} per pass; "
-                f"device {format_size(self.device_bytes)} of {format_size(self.device_budget)}")
+                f"device {format_size(self.device_bytes)} of {format_size(self.device_budget)} ({parts})")
 
 
 def _suggest(n: float) -> str:

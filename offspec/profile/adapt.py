@@ -8,6 +8,8 @@ scale has moved by more than `tolerance` AND by more than `z` standard errors si
 re-plans with the new scale (the planner's cost model is unchanged). Each pass's tree comes from
 `next_tree()`, so PassStats.budget shows the budget in force; `summary()` (also kept in
 `info.extra["budget_adaptive"]`) shows the scale, the observed vs predicted acceptance and the re-plans.
+When the plan predicts that no tree beats the target alone (`speculates` is False), auto's passes run
+without a tree.
 """
 
 from __future__ import annotations
@@ -70,6 +72,12 @@ class AdaptiveBudget:
     def tree(self) -> TreeConfig:
         return self.plan.tree()
 
+    @property
+    def speculates(self) -> bool:
+        """False: the plan predicts no tree beats the target alone, so passes run without a tree. Such passes
+        accept nothing to observe, so the policy stays there; a fixed --budget still speculates."""
+        return self.plan.speculates
+
     def next_tree(self, base: TreeConfig) -> TreeConfig:
         """The tree for the next pass: the planned budget, beams and depth; the branch stays the caller's."""
         best = self.plan.best
@@ -119,6 +127,7 @@ class AdaptiveBudget:
                 "observed_accepted": round(sum(a for a, _ in self.window) / n, 4) if n else None,
                 "predicted_accepted": round(self.scale * sum(p for _, p in self.window) / n, 4) if n else None,
                 "predicted_tokens_per_second": round(self.plan.best.tokens_per_second, 4),
+                "speculate": self.speculates,
                 "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]]}
 
     def _publish(self) -> None:

@@ -94,6 +94,11 @@ class Plan:
         ar = self.autoregressive_tokens_per_second
         return self.best.tokens_per_second / ar if ar > 0 else 0.0
 
+    @property
+    def speculates(self) -> bool:
+        """False when no tree is predicted to beat the target alone: `--budget auto` then decodes without one."""
+        return self.best.tokens_per_second > self.autoregressive_tokens_per_second
+
     def tree(self) -> TreeConfig:
         return TreeConfig(budget=self.best.budget, max_beams=self.best.max_beams, branch=self.branch,
                           max_depth=self.best.max_depth)
@@ -106,7 +111,8 @@ class Plan:
         return {**self.best.as_dict(), "branch": self.branch,
                 "predicted_tokens_per_second": round(self.best.tokens_per_second, 4),
                 "autoregressive_tokens_per_second": round(self.autoregressive_tokens_per_second, 4),
-                "predicted_speedup": round(self.speedup, 4), "acceptance_scale": round(self.acceptance_scale, 4)}
+                "predicted_speedup": round(self.speedup, 4), "acceptance_scale": round(self.acceptance_scale, 4),
+                "speculate": self.speculates}
 
 
 def auto_beams(budget: int) -> int:
@@ -164,8 +170,8 @@ def plan(costs: PairCosts, acceptance: AcceptanceCurve, config: PlannerConfig = 
         notes.append(f"the best budget is at the edge of the measured acceptance curve ({acceptance.largest}); "
                      f"a profile with bigger trees may find a better one")
     ar = 1.0 / costs.autoregressive_seconds()
-    if best.tokens_per_second < ar:
+    if best.tokens_per_second <= ar:
         notes.append("no tree beats the target alone on this set-up (the draft is too slow or accepts too little); "
-                     "--no-speculate is faster")
+                     "--budget auto decodes with the target alone")
     return Plan(best=best, curve=tuple(curve), autoregressive_tokens_per_second=ar, branch=config.branch,
                 acceptance_scale=acceptance_scale, notes=tuple(notes))

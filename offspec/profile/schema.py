@@ -118,6 +118,8 @@ SCHEMA: dict[str, Any] = {
                 "max_depth": {"type": "integer", "minimum": 1}, "branch": {"type": "integer", "minimum": 1},
                 "predicted_tokens_per_second": _NUM, "autoregressive_tokens_per_second": _NUM,
                 "predicted_speedup": _NUM,
+                "speculate": {"type": "boolean", "description": "false: no tree is predicted to beat the target "
+                                                                "alone, and --budget auto decodes without one"},
             },
         },
     },
