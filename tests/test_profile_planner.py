@@ -86,7 +86,8 @@ def test_slow_draft_is_flagged_and_max_budget_respected():
     costs = PairCosts(target_pass=CostCurve.of([(1, 0.01), (64, 0.5)]), target_head=0.0,
                       draft_step=CostCurve.of([(1, 1.0), (64, 1.0)]))
     result = plan(costs, saturating(POW2, 2.0, 8.0), PlannerConfig(max_budget=48))
-    assert result.speedup < 1 and any("no-speculate" in n for n in result.notes)
+    assert result.speedup < 1 and not result.speculates
+    assert any("decodes with the target alone" in n for n in result.notes)
     assert max(p.budget for p in result.curve) <= 48
     with pytest.raises(OffspecError, match="max_budget"):
         plan(costs, saturating(POW2, 2.0, 8.0), PlannerConfig(max_budget=0))
