@@ -170,14 +170,20 @@ def _resumable(path: Path, fresh: dict, runs: dict[str, list[dict]], prompts: li
                       ("placement", placement), ("torch threads", lambda e: e.get("torch_threads"))):
         if get(old_env) is not None and get(old_env) != get(env):
             raise OffspecError(f"{path} was measured with {name} {get(old_env)}, this run has {get(env)}{fix}")
-    done = min(min(len(s.get("runs", [])) for s in old_setups.values()), len(prompts))
+    done = min(len(s.get("runs", [])) for s in old_setups.values())
+    if done > len(prompts):  # rewriting the report with fewer prompts would drop measured ones
+        raise OffspecError(f"{path} holds {done} measured prompts, more than the {len(prompts)} asked for; "
+                           f"pass --n {done} or more")
     for name in runs:
         runs[name] = old_setups[name]["runs"][:done]  # a prompt that not every set-up finished runs again
         for i, run in enumerate(runs[name]):
             if run.get("prompt") != i or run.get("prompt_sha", prompt_sha(prompts[i])) != prompt_sha(prompts[i]):
                 raise OffspecError(f"{path} prompt {i} is not prompt {i} of this prompt file{fix}")
     report = {**old, "prompts": len(prompts), "setups": {n: summarize(r) for n, r in runs.items()}}
-    report["resumed"] = [*old.get("resumed", []), {"at_prompt": done, "environment": env}]
+    # records written before prompts were hashed are matched by their index only
+    unchecked = sum("prompt_sha" not in run for run in next(iter(runs.values())))
+    report["resumed"] = [*old.get("resumed", []), {"at_prompt": done, "prompts_matched_by_index_only": unchecked,
+                                                    "environment": env}]
     return report, runs
 
 

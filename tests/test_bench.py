@@ -118,6 +118,7 @@ def test_resume_keeps_measured_prompts_and_runs_the_rest(tiny_pair, tmp_path, mo
     assert report["setups"]["ar"]["runs"][:2] == first["setups"]["ar"]["runs"]
     assert report["setups"]["tree8"]["prompts"] == 3 and report["setups"]["tree8"]["greedy_mismatches"] == 0
     assert report["environment"] == first["environment"] and report["resumed"][0]["at_prompt"] == 2
+    assert report["resumed"][0]["prompts_matched_by_index_only"] == 0
     assert "| tree8 | 3 |" in (tmp_path / "bench.md").read_text()
 
     # A prompt that not every set-up finished runs again; different prompts or settings are refused.
@@ -129,7 +130,10 @@ def test_resume_keeps_measured_prompts_and_runs_the_rest(tiny_pair, tmp_path, mo
               out_dir=tmp_path, resume=True)
     assert ran == ["def f(x):", "def f(x):"]
     with pytest.raises(OffspecError, match="prompt 1 is not prompt 1"):
-        run_bench(tiny_pair, ["Hello", "Other"], setups, max_new_tokens=8, temperature=0.0, out_dir=tmp_path,
+        run_bench(tiny_pair, ["Hello", "Other", "def f(x):"], setups, max_new_tokens=8, temperature=0.0,
+                  out_dir=tmp_path, resume=True)
+    with pytest.raises(OffspecError, match="holds 3 measured prompts, more than the 2 asked for; pass --n 3"):
+        run_bench(tiny_pair, ["Hello", "Hi"], setups, max_new_tokens=8, temperature=0.0, out_dir=tmp_path,
                   resume=True)
     with pytest.raises(OffspecError, match="max_new_tokens 8, this run 16"):
         run_bench(tiny_pair, ["Hello"], setups, max_new_tokens=16, temperature=0.0, out_dir=tmp_path, resume=True)
