@@ -7,6 +7,7 @@ import pytest
 from offspec import OffspecError
 from offspec.profile.curves import AcceptanceCurve, CostCurve
 from offspec.profile.planner import PairCosts, PlannerConfig, evaluate, plan
+from offspec.profile.report import plan_summary
 
 POW2 = tuple(2**i for i in range(13))  # 1 .. 4096
 FREE_DRAFT = CostCurve.of([(1, 0.0)])
@@ -88,6 +89,7 @@ def test_slow_draft_is_flagged_and_max_budget_respected():
     result = plan(costs, saturating(POW2, 2.0, 8.0), PlannerConfig(max_budget=48))
     assert result.speedup < 1 and not result.speculates
     assert any("decodes with the target alone" in n for n in result.notes)
+    assert plan_summary(result).startswith("chosen: the target alone (--budget auto decodes without a tree)")
     assert max(p.budget for p in result.curve) <= 48
     with pytest.raises(OffspecError, match="max_budget"):
         plan(costs, saturating(POW2, 2.0, 8.0), PlannerConfig(max_budget=0))

@@ -70,10 +70,12 @@ def plan_table(plan: Plan) -> str:
 
 def plan_summary(plan: Plan, label: str = "predicted") -> str:
     b = plan.best
-    text = (f"chosen: --budget {b.budget} --max-beams {b.max_beams} --max-depth {b.max_depth} (branch {plan.branch})\n"
-            f"{label}: {b.tokens_per_second:.2f} tokens/s ({b.tokens_per_pass:.2f} tokens/pass, "
-            f"{b.seconds * 1e3:.0f} ms/pass), autoregressive {plan.autoregressive_tokens_per_second:.2f} tokens/s, "
-            f"speed-up {plan.speedup:.2f}x")
+    tree = f"--budget {b.budget} --max-beams {b.max_beams} --max-depth {b.max_depth} (branch {plan.branch})"
+    text = (f"chosen: {tree}\n" if plan.speculates else
+            f"chosen: the target alone (--budget auto decodes without a tree); the best tree: {tree}\n")
+    text += (f"{label}: {b.tokens_per_second:.2f} tokens/s ({b.tokens_per_pass:.2f} tokens/pass, "
+             f"{b.seconds * 1e3:.0f} ms/pass), autoregressive {plan.autoregressive_tokens_per_second:.2f} tokens/s, "
+             f"speed-up {plan.speedup:.2f}x")
     for note in plan.notes:
         text += f"\nnote: {note}"
     return text
