@@ -118,6 +118,7 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
     done = min(len(r) for r in runs.values())
     if done:
         on_resumed(done)
+    _disk_check(generator, report, done)
     # Prompt by prompt, every set-up in turn: a slow spell of a noisy machine then costs all set-ups alike
     # instead of whichever one happened to be running.
     for i in range(done, len(prompts)):
@@ -137,12 +138,30 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
             on_progress(setup.name)
     for setup in setups:
         report["setups"][setup.name] = summarize(runs[setup.name])
+    _disk_check(generator, report, len(prompts))
     if "budget_adaptive" in generator.info.extra:  # where auto's re-planning ended (the environment has its start)
         report["budget_adaptive_end"] = json.loads(json.dumps(generator.info.extra["budget_adaptive"], default=str))
     write_json(out_dir / "bench.json", report)
     (out_dir / "bench.md").write_text(markdown_table(report), encoding="utf-8")
     plot(report, out_dir / "bench.png")
     return report
+
+
+def _disk_check(generator, report: dict, at_prompt: int) -> None:
+    """With a target streamed from SSD, read its streamed layer files once the way the passes do (O_DIRECT)
+    and append the raw read speed to `report["disk_checks"]`: a slow disk then shows apart from slow code."""
+    placement = generator.info.extra.get("placement") or {}
+    files = [Path(placement["packed_dir"]) / f"layer-{i:04d}.bin"
+             for i, tier in enumerate(placement.get("tiers", [])) if tier == "ssd"] \
+        if placement.get("packed_dir") else []
+    if not files:
+        return
+    from .offload.bench import ssd_read
+
+    raw = ssd_read(files, repeats=1)
+    report.setdefault("disk_checks", []).append(
+        {"at_prompt": at_prompt, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "ssd_read": raw["ssd_read"],
+         "ssd_read_bytes": raw["ssd_read_bytes"], "ssd_read_mode": raw["ssd_read_mode"]})
 
 
 def prompt_sha(prompt: str) -> str:
@@ -228,6 +247,10 @@ def markdown_table(report: dict) -> str:
                      f"{s['bytes_streamed_per_pass'] / 1e6:.0f}")
         lines.append(f"| {label} | {s['prompts']} | {s['tokens_per_pass']:.2f} | {s['tokens_per_second']:.2f} | "
                      f"{speedup} | {split} | {s.get('greedy_mismatches', '-')} |")
+    checks = report.get("disk_checks")
+    if checks:
+        read = ", ".join(f"{c['ssd_read'] / 1e9:.2f} GB/s at prompt {c['at_prompt']}" for c in checks)
+        lines.append(f"\nRaw read of the streamed layer files ({checks[0]['ssd_read_mode']}): {read}.")
     return "\n".join(lines) + "\n"
 
 

@@ -121,3 +121,7 @@ def test_bench_with_a_streamed_target_counts_bytes_and_stays_lossless(tiny_dirs,
     for s in (ar, tree):
         assert s["bytes_streamed_per_pass"] == per_pass and s["stream_bandwidth"] > 0
     assert hf["stream_bandwidth"] == 0.0  # not counted outside offspec's engine
+    # the raw disk read, before and after the prompts, beside the table
+    assert [c["at_prompt"] for c in report["disk_checks"]] == [0, 2]
+    assert all(c["ssd_read"] > 0 and c["ssd_read_bytes"] > 0 for c in report["disk_checks"])
+    assert "Raw read of the streamed layer files" in (tmp_path / "bench" / "bench.md").read_text()

@@ -58,8 +58,6 @@ def _sync(device: torch.device) -> None:
 def raw_bandwidths(device: torch.device, ssd_files: list[Path], max_bytes: int = 4 * 10**9, repeats: int = 3) -> dict:
     """Bytes/s of the links: host -> device (GPU), SSD -> RAM with O_DIRECT (median of `repeats` reads of up to
     `max_bytes` of the streamed files), RAM -> RAM memcpy."""
-    from .diskio import FileReader, aligned_empty
-
     out: dict[str, Any] = {}
     if device.type == "cuda":
         n = 1 << 30
@@ -76,25 +74,7 @@ def raw_bandwidths(device: torch.device, ssd_files: list[Path], max_bytes: int =
         out["host_to_device"] = best
         del src, dst
     if ssd_files:
-        reader = FileReader(direct=True)
-        size = max(f.stat().st_size for f in ssd_files)
-        buf = aligned_empty(size)  # (size,) one file at a time
-        rates = []
-        for _ in range(repeats):  # the same files the passes stream, read the same way (sequentially, whole files)
-            total, seconds = 0, 0.0
-            for f in ssd_files:
-                if total >= max_bytes:
-                    break
-                nbytes = f.stat().st_size
-                seconds += reader.read(f, buf, nbytes)
-                total += nbytes
-            rates.append(total / seconds)
-        out["ssd_read"] = statistics.median(rates)
-        out["ssd_read_all"] = rates
-        out["ssd_read_mode"] = reader.mode + (" (O_DIRECT: page cache bypassed)" if reader.mode == "direct" else
-                                              " (pages dropped after each read)")
-        out["ssd_read_bytes"] = total
-        del buf
+        out.update(ssd_read(ssd_files, max_bytes, repeats))
     a = torch.empty(256 * 2**20, dtype=torch.uint8)  # (256 MiB,) memcpy source
     b = torch.empty_like(a)
     b.copy_(a)
@@ -103,6 +83,29 @@ def raw_bandwidths(device: torch.device, ssd_files: list[Path], max_bytes: int =
         b.copy_(a)
     out["ram_copy"] = 4 * a.numel() / (time.perf_counter() - t0)
     return out
+
+
+def ssd_read(files: list[Path], max_bytes: int = 4 * 10**9, repeats: int = 3) -> dict:
+    """SSD -> RAM bytes/s reading `files` the way the streamer does (O_DIRECT where possible, whole files in
+    turn): the median of `repeats` reads of up to `max_bytes`."""
+    from .diskio import FileReader, aligned_empty
+
+    reader = FileReader(direct=True)
+    buf = aligned_empty(max(f.stat().st_size for f in files))  # (largest file,) one file at a time
+    rates, total = [], 0
+    for _ in range(repeats):
+        total, seconds = 0, 0.0
+        for f in files:
+            if total >= max_bytes:
+                break
+            nbytes = f.stat().st_size
+            seconds += reader.read(f, buf, nbytes)
+            total += nbytes
+        rates.append(total / seconds)
+    mode = reader.mode + (" (O_DIRECT: page cache bypassed)" if reader.mode == "direct" else
+                          " (pages dropped after each read)")
+    return {"ssd_read": statistics.median(rates), "ssd_read_all": rates, "ssd_read_mode": mode,
+            "ssd_read_bytes": total}
 
 
 # --- passes ----------------------------------------------------------------------------------------
