@@ -140,7 +140,7 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
         report["setups"][setup.name] = summarize(runs[setup.name])
     _disk_check(generator, report, len(prompts))
     if "budget_adaptive" in generator.info.extra:  # where auto's re-planning ended (the environment has its start)
-        report["budget_adaptive_end"] = json.loads(json.dumps(generator.info.extra["budget_adaptive"], default=str))
+        report["budget_adaptive_end"] = _snapshot(generator.info.extra["budget_adaptive"])
     write_json(out_dir / "bench.json", report)
     (out_dir / "bench.md").write_text(markdown_table(report), encoding="utf-8")
     plot(report, out_dir / "bench.png")
@@ -304,10 +304,15 @@ def environment(generator) -> dict:
            "ram_gb": round(psutil.virtual_memory().total / 2**30, 1), "torch": torch.__version__,
            "transformers": transformers.__version__, "python": platform.python_version(),
            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "extra": json.loads(json.dumps(info.extra, default=str))}  # a snapshot: auto's state changes as it runs
+           "extra": _snapshot(info.extra)}  # auto's state in it changes as it runs
     if info.device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name(0)
     return env
+
+
+def _snapshot(value):
+    """A JSON-safe deep copy (the generator's `info.extra` is a live dict)."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def write_json(path: Path, data: dict) -> None:
