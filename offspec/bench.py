@@ -109,8 +109,7 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
     """Every prompt through every set-up. With `resume`, the prompts already measured in `out_dir/bench.json`
     (by every set-up) are kept and only the rest run; the settings must match (see `_resumable`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = environment(generator)
-    report = {"environment": env, "max_new_tokens": max_new_tokens,
+    report = {"environment": environment(generator), "max_new_tokens": max_new_tokens,
               "temperature": temperature, "prompts": len(prompts), "setups": {}}
     runs: dict[str, list[dict]] = {setup.name: [] for setup in setups}
     if resume and (out_dir / "bench.json").is_file():
@@ -136,8 +135,6 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
             report["setups"][setup.name] = summarize(runs[setup.name])
             write_json(out_dir / "bench.json", report)
             on_progress(setup.name)
-    for setup in setups:
-        report["setups"][setup.name] = summarize(runs[setup.name])
     _disk_check(generator, report, len(prompts))
     if "budget_adaptive" in generator.info.extra:  # where auto's re-planning ended (the environment has its start)
         report["budget_adaptive_end"] = _snapshot(generator.info.extra["budget_adaptive"])
@@ -151,13 +148,14 @@ def _disk_check(generator, report: dict, at_prompt: int) -> None:
     """With a target streamed from SSD, read its streamed layer files once the way the passes do (O_DIRECT)
     and append the raw read speed to `report["disk_checks"]`: a slow disk then shows apart from slow code."""
     placement = generator.info.extra.get("placement") or {}
-    files = [Path(placement["packed_dir"]) / f"layer-{i:04d}.bin"
-             for i, tier in enumerate(placement.get("tiers", [])) if tier == "ssd"] \
-        if placement.get("packed_dir") else []
-    if not files:
+    if not placement.get("packed_dir"):
         return
     from .offload.bench import ssd_read
+    from .offload.packed import ssd_files
 
+    files = ssd_files(placement["packed_dir"], placement.get("tiers", []))
+    if not files:
+        return
     raw = ssd_read(files, repeats=1)
     report.setdefault("disk_checks", []).append(
         {"at_prompt": at_prompt, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "ssd_read": raw["ssd_read"],

@@ -31,6 +31,7 @@ from typing import Any, Optional
 import torch
 
 from ..errors import OffspecError, run_cli
+from .packed import ssd_files
 from .sizes import format_size
 
 TOKENS = "1,16,64,256,1024,4096"
@@ -273,8 +274,7 @@ def run(args: argparse.Namespace) -> dict:
     if device.type == "cpu":
         speed_up_cpu_linears(model)
     placement = handle.placement
-    ssd = [handle.packed_dir / f"layer-{i:04d}.bin" for i, t in enumerate(placement.tiers) if t == "ssd"] \
-        if handle.packed_dir else []
+    ssd = ssd_files(handle.packed_dir, placement.tiers) if handle.packed_dir else []
     raw = raw_bandwidths(device, ssd)
     if device.type == "cuda":
         raw_link, raw_bw = "pinned host -> device copy", raw["host_to_device"]

@@ -82,6 +82,16 @@ class PackedSet:
         return self.directory / self.layers[index].file
 
 
+def layer_file(index: int) -> str:
+    """The file name of decoder layer `index` in a packed set."""
+    return f"layer-{index:04d}.bin"
+
+
+def ssd_files(directory: Path, tiers: Iterable[str]) -> list[Path]:
+    """The packed files of the layers a placement reads from SSD (tiers: per layer, "device"/"ram"/"ssd")."""
+    return [Path(directory) / layer_file(i) for i, tier in enumerate(tiers) if tier == "ssd"]
+
+
 def plan_layer(index: int, entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]) -> LayerSpec:
     """Lay out one layer's tensors (name, dtype, shape) in a payload; crc32 is filled in when written."""
     offset, tensors = 0, []
@@ -90,7 +100,7 @@ def plan_layer(index: int, entries: Iterable[tuple[str, torch.dtype, tuple[int, 
         dtype_name = str(dtype).removeprefix("torch.")
         tensors.append(TensorSpec(name, dtype_name, tuple(int(s) for s in shape), offset, nbytes))
         offset = _round_up(offset + nbytes, TENSOR_ALIGN)
-    return LayerSpec(index=index, file=f"layer-{index:04d}.bin", nbytes=max(offset, TENSOR_ALIGN),
+    return LayerSpec(index=index, file=layer_file(index), nbytes=max(offset, TENSOR_ALIGN),
                      tensors=tuple(tensors))
 
 
