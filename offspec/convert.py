@@ -1,15 +1,23 @@
-"""One-time conversion of a GGUF file into the runtime's own format: a Hugging Face directory.
+"""One-time conversion of a GGUF file into offspec's cache: config, tokenizer and a weight store.
 
-`ensure_converted` dequantizes the GGUF with transformers' GGUF support into the compute dtype and
-saves it as `<cache_dir>/models/<key>-<dtype>/` (config.json, generation_config.json, *.safetensors,
-tokenizer files). The directory is built next to its destination under a temp name; the manifest
-`offspec-manifest.json` (format version, source, dtype, every file's name, size and sha256) is written
-last, then the directory is renamed into place. A directory whose manifest is missing, of another
-format, or lists a file that is absent or of another size is partial or corrupt: it is removed and
-rebuilt, never used.
+`ensure_converted` makes `<cache_dir>/models/<key>/`:
+- config.json, generation_config.json and the tokenizer files (transformers reads them from the GGUF);
+- `weights/`: the packed weight store (offspec/offload/packed.py) holding every weight in the GGUF's own ggml
+  blocks (offspec/formats/gguf_import.py): a Q4_K_M file stays Q4_K/Q6_K in the cache, in RAM, on SSD and in the
+  kernels, at about the GGUF's size;
+- for an architecture whose GGUF layout cannot be imported block for block, float32 safetensors instead
+  (transformers de-quantizes it), said in the progress;
+- `offspec-manifest.json`, written last: format, source, how the weights are stored, and every file's size,
+  mtime and sha256.
 
-Keys: the default pair uses its content hash (`ChunkedModel.key`); a user's `.gguf` file uses
-`gguf_key(path)`, derived from its resolved path, size and mtime (no hashing of gigabytes at start-up).
+The entry is built in a temp directory named after the building process, then renamed into place. A start
+checks each file's size and mtime against the manifest and re-hashes the files whose mtime changed: a
+damaged entry (wrong size, wrong content) is removed and rebuilt, never used; `verify_entry(deep=True)` re-hashes
+everything (`offspec setup --verify`). Entries of the old float-only format (`<key>-float32` ...) are removed.
+Temp directories of a build whose process is gone (Ctrl-C, kill -9) are removed at the next start.
+
+Keys: the default pair uses its content hash (`ChunkedModel.key`); a user's `.gguf` file uses `gguf_key(path)`,
+derived from its resolved path, size and mtime (no hashing of gigabytes at start-up).
 """
 
 from __future__ import annotations
@@ -20,28 +28,22 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
+import uuid
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
-
-import torch
+from typing import Iterator, Optional
 
 from .errors import OffspecError
 from .paths import cache_dir
 from .progress import ProgressEvent, ProgressFn, no_progress
 
 MANIFEST = "offspec-manifest.json"
-FORMAT_VERSION = 1
-STALE_TEMP_SECONDS = 3600  # a temp dir untouched this long belongs to a dead conversion
+FORMAT_VERSION = 2  # 1: float-only entries named <key>-<dtype> (removed when found)
+WEIGHTS_DIR = "weights"
 BLOCK = 8 * 1024 * 1024
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.float32` -> "float32"."""
-    return str(dtype).removeprefix("torch.")
+_OLD_SUFFIXES = ("-float32", "-bfloat16", "-float16")
 
 
 def _slug(text: str) -> str:
@@ -56,9 +58,14 @@ def gguf_key(path: Path) -> str:
     return f"{_slug(resolved.stem)}-{hashlib.sha256(ident).hexdigest()[:12]}"
 
 
-def converted_dir(key: str, dtype: torch.dtype, root: Optional[Path] = None) -> Path:
-    """`<cache_dir>/models/<key>-<dtype>`."""
-    return (root if root is not None else cache_dir()) / "models" / f"{key}-{dtype_name(dtype)}"
+def converted_dir(key: str, root: Optional[Path] = None) -> Path:
+    """`<cache_dir>/models/<key>`."""
+    return (root if root is not None else cache_dir()) / "models" / key
+
+
+def store_key(key: str) -> dict:
+    """The packed-store key of a converted entry (offspec.offload.packed.open_store)."""
+    return {"model": key, "source": key, "format": "ggml"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -89,38 +96,8 @@ def quiet_transformers() -> Iterator[None]:
             enable_progress_bars()
 
 
-@contextmanager
-def _gguf_tensor_progress(progress: ProgressFn, message: str) -> Iterator[None]:
-    """Turn transformers' GGUF de-quantization tqdm bar into our progress events (tensors done / total).
-
-    transformers' legacy GGUF loader iterates `tqdm(reader.tensors, ...)` from its module namespace; we
-    swap that name for a silent wrapper for the duration. If the internals differ, we just lose the detail.
-    """
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # pragma: no cover - depends on the transformers version
-        yield
-        return
-    original = getattr(gguf_utils, "tqdm", None)
-
-    def reporting(iterable: Iterable[Any], *args: Any, **kwargs: Any) -> Iterator[Any]:
-        items = list(iterable)
-        for done, item in enumerate(items):
-            progress(ProgressEvent("convert", message, done, len(items)))
-            yield item
-        progress(ProgressEvent("convert", message, len(items), len(items)))
-
-    if original is not None:
-        gguf_utils.tqdm = reporting
-    try:
-        yield
-    finally:
-        if original is not None:
-            gguf_utils.tqdm = original
-
-
 # ----------------------------------------------------------------------------------------------------------
-# Manifest
+# Manifest and verification
 
 
 def _file_sha256(path: Path) -> str:
@@ -140,51 +117,70 @@ def read_manifest(directory: Path) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
-def is_complete(directory: Path, dtype: Optional[torch.dtype] = None) -> bool:
-    """True when `directory` has a current-format manifest and every listed file exists with its size."""
-    manifest = read_manifest(directory)
-    if manifest is None or manifest.get("format") != FORMAT_VERSION:
-        return False
-    if dtype is not None and manifest.get("dtype") != dtype_name(dtype):
-        return False
-    files = manifest.get("files")
-    if not isinstance(files, list) or not files:
-        return False
-    try:
-        return all((directory / f["name"]).stat().st_size == f["size"] for f in files)
-    except (OSError, KeyError, TypeError):
-        return False
+def _entry_files(directory: Path) -> list[str]:
+    """Every file of an entry, relative to it (the manifest excepted)."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def _write_manifest(directory: Path, source: str, dtype: torch.dtype, progress: ProgressFn, message: str) -> None:
-    names = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name != MANIFEST)
-    files = []
-    for i, name in enumerate(names):
-        progress(ProgressEvent("convert", message, i, len(names)))
-        path = directory / name
-        files.append({"name": name, "size": path.stat().st_size, "sha256": _file_sha256(path)})
-    import transformers
-
-    manifest = {
-        "format": FORMAT_VERSION, "source": source, "dtype": dtype_name(dtype), "created": time.time(),
-        "transformers": transformers.__version__, "files": files,
-    }
-    with open(directory / MANIFEST, "w") as f:
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    tmp = directory / f".{MANIFEST}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, directory / MANIFEST)
+
+
+def verify_entry(directory: Path, *, deep: bool = False, progress: ProgressFn = no_progress,
+                 message: str = "") -> Optional[str]:
+    """None when `directory` is a complete entry of the current format, else what is wrong.
+
+    Sizes are always checked; a file is re-hashed when its mtime differs from the manifest's (or every file
+    when `deep`). A file whose content still matches gets its new mtime recorded."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return "no manifest (missing or partial entry)"
+    if manifest.get("format") != FORMAT_VERSION:
+        return f"made by another version of offspec (format {manifest.get('format')})"
+    files = manifest.get("files")
+    if not isinstance(files, list) or not files:
+        return "the manifest lists no files"
+    changed = False
+    try:
+        for i, f in enumerate(files):
+            path = directory / f["name"]
+            st = path.stat()
+            if st.st_size != f["size"]:
+                return f"{f['name']} is {st.st_size:,} bytes, expected {f['size']:,}"
+            if deep or st.st_mtime_ns != f.get("mtime_ns"):
+                progress(ProgressEvent("verify", message or f"verifying {directory.name}", i, len(files)))
+                if _file_sha256(path) != f["sha256"]:
+                    return f"{f['name']} is damaged (its content changed since it was written)"
+                if st.st_mtime_ns != f.get("mtime_ns"):
+                    f["mtime_ns"] = st.st_mtime_ns
+                    changed = True
+    except FileNotFoundError as exc:
+        return f"{Path(exc.filename).name} is missing"
+    except (OSError, KeyError, TypeError) as exc:
+        return f"unreadable ({exc})"
+    if changed:
+        try:
+            _write_manifest(directory, manifest)
+        except OSError:
+            pass  # a read-only cache: verified again next time
+    if deep:
+        progress(ProgressEvent("verify", message or f"verifying {directory.name}", len(files), len(files),
+                               finished=True))
+    return None
+
+
+def entry_weights(directory: Path) -> str:
+    """How a verified entry stores its weights: "ggml" (the weight store) or "float32" (safetensors)."""
+    return (read_manifest(directory) or {}).get("weights", "float32")
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Conversion
-
-
-def _strip_gguf_quantization(model: Any) -> None:
-    """Make a GGUF-loaded (de-quantized) model save as a plain one: drop the GGUF quantizer and its config."""
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+# Building
 
 
 def _remove_tree(path: Path) -> None:
@@ -199,66 +195,128 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _remove_stale_temps(parent: Path) -> None:
-    now = time.time()
-    for leftover in list(parent.glob(".*.tmp")) + list(parent.glob(".*.trash-*")):
-        try:
-            if leftover.is_dir() and now - leftover.stat().st_mtime > STALE_TEMP_SECONDS:
-                shutil.rmtree(leftover, ignore_errors=True)
-        except OSError:
-            pass
+def _remove_old_format(dest: Path, progress: ProgressFn) -> None:
+    for suffix in _OLD_SUFFIXES:
+        old = dest.with_name(dest.name + suffix)
+        if old.is_dir():
+            progress(ProgressEvent("convert", f"removing the old float cache entry {old.name} (replaced by the "
+                                              f"low-bit store)"))
+            _remove_tree(old)
 
 
-def _build(gguf: Path, tmp: Path, dtype: torch.dtype, source: str, name: str, progress: ProgressFn) -> None:
-    """Write tokenizer, config and weights of `gguf` into the empty dir `tmp`, manifest last."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+def _build_store(gguf: Path, tmp: Path, key: str, name: str, progress: ProgressFn) -> dict:
+    """Tokenizer, config and the ggml weight store of `gguf` into `tmp`; returns manifest fields."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from .formats.gguf_import import plan_import, processor_for, tensors_of
+    from .offload.packed import build_store, plan_extra, plan_layer
 
     with quiet_transformers():
-        progress(ProgressEvent("convert", f"reading the tokenizer of {name}"))
+        progress(ProgressEvent("convert", f"reading the tokenizer and config of {name}"))
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        plan = plan_import(gguf, config)  # ImportUnsupported: the caller converts to float instead
+        tokenizer.save_pretrained(tmp)
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+    del tokenizer
+    processor = processor_for(plan)
+    layers = [plan_layer(i, [t.entry() for t in tensors]) for i, tensors in enumerate(plan.layers)]
+    extras = {"other": (plan_extra("other", [t.entry() for t in plan.other]),
+                        lambda: tensors_of(plan.other, processor))}
+    if plan.embed:
+        extras["embed"] = (plan_extra("embed", [t.entry() for t in plan.embed]), lambda: tensors_of(plan.embed, processor))
+    types = ", ".join(sorted(plan.types))
+    for note in plan.notes:
+        progress(ProgressEvent("convert", f"{name}: {note}"))
+    build_store(tmp / WEIGHTS_DIR, store_key(key), layers, lambda i: tensors_of(plan.layers[i], processor), progress,
+                "convert", f"importing {name} ({types}, kept as they are)", extras)
+    return {"weights": "ggml", "types": plan.types, "notes": plan.notes}
+
+
+def _build_float(gguf: Path, tmp: Path, name: str, reason: str, progress: ProgressFn) -> dict:
+    """The fallback: transformers de-quantizes the GGUF; saved as float32 safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    progress(ProgressEvent("convert", f"{name} cannot be kept in its own blocks ({reason}): converting it to float32"))
+    with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tokenizer.save_pretrained(tmp)
         del tokenizer
-        message = f"de-quantizing {name} to {dtype_name(dtype)}"
-        progress(ProgressEvent("convert", message))
-        with _gguf_tensor_progress(progress, message):
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=dtype,
-                quantization_config=GgufConfig(dequantize=True),
-            )
-        _strip_gguf_quantization(model)
+        progress(ProgressEvent("convert", f"de-quantizing {name} to float32"))
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         progress(ProgressEvent("convert", f"writing {name} as safetensors"))
         model.save_pretrained(tmp)
     del model
     gc.collect()
-    _write_manifest(tmp, source, dtype, progress, f"checksumming {name}")
+    return {"weights": "float32", "notes": [f"float32: {reason}"]}
 
 
-def ensure_converted(gguf: Path, *, key: str, dtype: torch.dtype, source: str, name: Optional[str] = None,
+def _finish(tmp: Path, fields: dict, source: str, progress: ProgressFn, name: str) -> None:
+    import transformers
+
+    files = []
+    names = _entry_files(tmp)
+    for i, rel in enumerate(names):
+        progress(ProgressEvent("convert", f"checksumming {name}", i, len(names)))
+        path = tmp / rel
+        st = path.stat()
+        files.append({"name": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _file_sha256(path)})
+    manifest = {"format": FORMAT_VERSION, "source": source, "created": time.time(),
+                "transformers": transformers.__version__, **fields, "files": files}
+    _write_manifest(tmp, manifest)  # last: its presence means complete
+
+
+def ensure_converted(gguf: Path, *, key: str, source: str, name: Optional[str] = None,
                      progress: ProgressFn = no_progress, root: Optional[Path] = None) -> Path:
-    """Return the converted HF directory of `gguf` for `dtype`, converting it first unless complete.
+    """Return the converted entry of `gguf`, (re)building it unless it is complete and undamaged.
 
-    `key` names the cache entry (see module doc); `source` is recorded in the manifest; `name` is
-    the display name used in progress messages; `root` overrides `cache_dir()`.
+    `key` names the cache entry (see module doc); `source` is recorded in the manifest; `name` is the display
+    name used in progress messages; `root` overrides `cache_dir()`.
     """
-    dest = converted_dir(key, dtype, root)
-    if is_complete(dest, dtype):
-        return dest
+    from .offload.packed import remove_dead_temps
+
+    dest = converted_dir(key, root)
     name = name or Path(gguf).name
+    _remove_old_format(dest, progress)
+    problem = verify_entry(dest, message=f"verifying {name}") if dest.exists() else "missing"
+    if problem is None:
+        return dest
     gguf = Path(gguf)
     if not gguf.is_file():
         raise OffspecError(f"GGUF file {gguf} not found")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(dest.parent)
-    _remove_tree(dest)  # partial or corrupt: never used
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OffspecError(f"cannot create the cache dir {dest.parent}: {exc.strerror or exc}; set "
+                           f"OFFSPEC_CACHE_DIR to a writable place") from exc
+    remove_dead_temps(dest.parent)
+    if problem != "missing":
+        progress(ProgressEvent("convert", f"the converted cache entry of {name} is unusable ({problem}); rebuilding"))
+    _remove_tree(dest)  # partial or damaged: never used
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     progress(ProgressEvent("convert", f"converting {name} (one time)"))
     try:
-        _build(gguf, tmp, dtype, source, name, progress)
-        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
+        tmp.mkdir()
+        from .formats.gguf_import import ImportUnsupported
+
+        try:
+            fields = _build_store(gguf, tmp, key, name, progress)
+        except ImportUnsupported as exc:
+            shutil.rmtree(tmp)
+            tmp.mkdir()
+            fields = _build_float(gguf, tmp, name, str(exc), progress)
+        _finish(tmp, fields, source, progress, name)
         try:
             os.rename(tmp, dest)
         except OSError:
-            if not is_complete(dest, dtype):  # not a concurrent conversion that finished first
+            if verify_entry(dest) is not None:  # not a concurrent conversion that finished first
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except OffspecError:
@@ -266,11 +324,23 @@ def ensure_converted(gguf: Path, *, key: str, dtype: torch.dtype, source: str, n
         raise
     except MemoryError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OffspecError(f"out of memory while converting {name}; close other programs or use a smaller "
-                           f"dtype (--dtype bfloat16)") from exc
-    except Exception as exc:  # transformers / gguf / disk errors: one line for the user
+        raise OffspecError(f"out of memory while converting {name}; close other programs and try again") from exc
+    except BaseException as exc:  # Ctrl-C included: never leave a multi-GB temp behind
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise OffspecError(f"cannot convert {gguf} into a model directory: {reason}") from exc
+        if not isinstance(exc, Exception):
+            raise
+        raise OffspecError(f"cannot convert {gguf}: {_reason(exc, gguf)}") from exc
     progress(ProgressEvent("convert", f"converted {name}", finished=True))
     return dest
+
+
+def _reason(exc: BaseException, gguf: Path) -> str:
+    """One line for a failed conversion; a truncated or damaged GGUF says so."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{exc.strerror or text}; free disk space or choose another cache dir (OFFSPEC_CACHE_DIR)"
+    damaged = ("reshape", "buffer", "unpack", "out of bounds", "truncat", "index", "offset", "mmap length")
+    if isinstance(exc, (ValueError, IndexError, KeyError, EOFError)) and any(w in text.lower() for w in damaged):
+        return (f"the file looks truncated or damaged ({text}); download it again, or check it against its "
+                f"published checksum")
+    return text

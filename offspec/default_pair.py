@@ -219,6 +219,44 @@ def _is_trusted(final: Path, spec: ChunkedModel, progress: ProgressFn) -> bool:
     return False
 
 
+def assembled_gguf(spec: ChunkedModel, root: Optional[Path] = None) -> Optional[Path]:
+    """The assembled GGUF of `spec` when it is complete and was verified (size, mtime and its marker), else None.
+    No hashing: what later starts use to skip the chunk packages entirely."""
+    final = gguf_path(spec, root)
+    try:
+        st = final.stat()
+    except FileNotFoundError:
+        return None
+    marker = _read_marker(final)
+    ok = st.st_size == spec.size and marker == {"size": spec.size, "sha256": spec.sha256, "mtime_ns": st.st_mtime_ns}
+    return final if ok else None
+
+
+def verify_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, root: Optional[Path] = None) -> Optional[str]:
+    """Re-hash the assembled GGUF of `spec`: None when it matches the published sha256, else what is wrong."""
+    final = gguf_path(spec, root)
+    if not final.is_file():
+        return f"{final} is missing"
+    if final.stat().st_size != spec.size:
+        return f"{final} is {final.stat().st_size:,} bytes, expected {spec.size:,}"
+    if sha256_file(final, progress=progress, message=f"verifying {spec.name}") != spec.sha256:
+        _remove(_marker_path(final))
+        return f"{final} does not match its published sha256"
+    return None
+
+
+def installed_chunk_bytes(spec: ChunkedModel) -> int:
+    """Bytes of the chunk files of `spec` that are installed (0 when none are)."""
+    total = 0
+    for index, module in enumerate(spec.modules, start=1):
+        found = importlib.util.find_spec(module)
+        for loc in (found.submodule_search_locations or []) if found is not None else []:
+            chunk = Path(loc) / spec.chunk_relpath(index)
+            if chunk.is_file():
+                total += chunk.stat().st_size
+    return total
+
+
 def ensure_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, locate: ChunkLocator = locate_chunks,
                 root: Optional[Path] = None) -> Path:
     """Return the path of the assembled, verified GGUF of `spec`, assembling it first if needed.

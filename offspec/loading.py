@@ -13,10 +13,15 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .convert import MANIFEST, dtype_name, quiet_transformers
+from .convert import MANIFEST, quiet_transformers, verify_entry
 from .errors import OffspecError
 from .progress import ProgressEvent, ProgressFn, no_progress
-from .sources import ResolvedModel, resolve_model
+from .sources import ResolvedModel, convert_located, locate_model
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` -> "float32"."""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass
@@ -76,12 +81,22 @@ def validate_weights(directory: Path) -> list[Path]:
 
 
 def load_tokenizer(resolved: ResolvedModel) -> Any:
-    """The tokenizer of a resolved model; failures become one OffspecError line."""
+    """The tokenizer of a resolved model, or of a located GGUF (read from its converted entry when that is
+    ready, else from the GGUF itself); failures become one OffspecError line."""
     from transformers import AutoTokenizer
 
+    where, kwargs = str(resolved.path), {}
+    if resolved.gguf is not None:
+        from .convert import converted_dir
+
+        entry = converted_dir(resolved.key)
+        if entry.is_dir() and verify_entry(entry) is None:
+            where = str(entry)
+        else:
+            where, kwargs = str(resolved.gguf.parent), {"gguf_file": resolved.gguf.name}
     try:
         with quiet_transformers():
-            return AutoTokenizer.from_pretrained(str(resolved.path))
+            return AutoTokenizer.from_pretrained(where, **kwargs)
     except Exception as exc:
         raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: "
                            f"{_reason(exc)}") from exc
@@ -146,23 +161,54 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
     _check_tokenizers(target.name, target.tokenizer, draft.name, draft.tokenizer)
 
 
+def _check_quant(located: ResolvedModel, quant: str, flag: str, device: torch.device) -> None:
+    if quant == "none":
+        return
+    if located.gguf is not None or located.weights == "ggml":
+        raise OffspecError(f"{flag} {quant} applies to float (safetensors) models; {located.name} is a GGUF and "
+                           f"keeps its own quantization: drop {flag}")
+    if quant == "nf4" and device.type != "cuda":
+        raise OffspecError(f"{flag} nf4 needs a CUDA GPU (bitsandbytes' NF4 runs 10-30x slower than float on a "
+                           f"CPU); use {flag} int4, which offspec's CPU kernels run fast")
+
+
 def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: Union[torch.device, str],
               dtype: torch.dtype, attn_implementation: str = "sdpa",
               progress: ProgressFn = no_progress, offload: Any = None) -> tuple[LoadedModel, LoadedModel]:
-    """Resolve, check and load a target and its draft. Tokenizers are compared before any weights load."""
-    target_res = resolve_model(target_spec, "target", dtype=dtype, progress=progress)
-    draft_res = resolve_model(draft_spec, "draft", dtype=dtype, progress=progress)
-    target_tok, draft_tok = load_tokenizer(target_res), load_tokenizer(draft_res)
-    _check_tokenizers(target_res.name, target_tok, draft_res.name, draft_tok)
-    if offload is not None:  # offloading (offspec/offload): the draft loads first, then the target's decoder
-        # layers are placed under the device/RAM budgets of `offload` (an OffloadConfig) and streamed as needed
-        from .offload.model import load_offloaded_pair
+    """Locate, check, convert and load a target and its draft.
 
-        return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
-                                   dtype=dtype, attn_implementation=attn_implementation, config=offload,
-                                   progress=progress, load_model=load_model)
-    target = load_model(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                        progress=progress, tokenizer=target_tok)
-    draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                       progress=progress, tokenizer=draft_tok)
-    return target, draft
+    Tokenizers are compared before anything is converted or loaded: a draft that cannot serve the target costs
+    no conversion. A converted GGUF always loads through its weight store (its ggml blocks), which needs
+    `offload` (an OffloadConfig; offspec.load always passes one)."""
+    target_loc = locate_model(target_spec, "target", progress=progress)
+    draft_loc = locate_model(draft_spec, "draft", progress=progress)
+    if offload is not None:
+        _check_quant(target_loc, offload.quant, "--quant", torch.device(device))
+        _check_quant(draft_loc, offload.draft_quant, "--draft-quant", torch.device(device))
+    target_tok, draft_tok = load_tokenizer(target_loc), load_tokenizer(draft_loc)
+    _check_tokenizers(target_loc.name, target_tok, draft_loc.name, draft_tok)
+    if offload is None and (target_loc.gguf is not None or draft_loc.gguf is not None):
+        from .offload.config import OffloadConfig
+
+        offload = OffloadConfig()
+    for attempt in (0, 1):
+        target_res, draft_res = convert_located(target_loc, progress), convert_located(draft_loc, progress)
+        if offload is None:
+            target = load_model(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                                progress=progress, tokenizer=target_tok)
+            draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                               progress=progress, tokenizer=draft_tok)
+            return target, draft
+        # offloading (offspec/offload): the draft loads first, then the target's decoder layers are placed under
+        # the device/RAM budgets of `offload` (an OffloadConfig) and streamed as needed
+        from .offload.model import StoreDamaged, load_offloaded_pair
+
+        try:
+            return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
+                                       dtype=dtype, attn_implementation=attn_implementation, config=offload,
+                                       progress=progress, load_model=load_model)
+        except StoreDamaged as exc:  # the entry was marked: converting again rebuilds it (once)
+            if attempt:
+                raise
+            progress(ProgressEvent("convert", f"{exc}; rebuilding now"))
+    raise AssertionError("unreachable")

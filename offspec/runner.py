@@ -8,16 +8,33 @@ from __future__ import annotations
 
 import torch
 
+from .formats.attention import exact as exact_attention
+from .formats.attention import install as install_attention
 from .kvcache import SlotKVCache
 
 
+def compute_device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
+    """Where and in which float dtype `model` computes. A low-bit model says so on its token table (its weights
+    are uint8 blocks, and a streamed layer's parameters are meta placeholders between passes)."""
+    emb = model.get_input_embeddings()
+    if getattr(emb, "compute_device", None) is not None:
+        return emb.compute_device, emb.compute_dtype
+    return emb.weight.device, emb.weight.dtype
+
+
 class ModelRunner:
-    def __init__(self, model, capacity: int):
+    """`exact`: every pass attends per query over its visible keys only (offspec.formats.attention). With the
+    row-invariant low-bit kernels this makes each token's result a function of the tokens before it alone, however
+    the tokens are batched (prefill chunk, one token, tree): the target's runner, so that verification, decoding
+    without a draft and a reused conversation all compute the same numbers."""
+
+    def __init__(self, model, capacity: int, exact: bool = False):
         self.model = model
         self.body = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        self.device, self.dtype = compute_device_and_dtype(model)
+        self.exact = exact
+        install_attention(model)  # SDPA, or exact attention within `exact_attention(True)`
         self.capacity = capacity
         self.cache = SlotKVCache(model.config.num_hidden_layers, capacity)
         self._min = torch.finfo(self.dtype).min
@@ -45,8 +62,9 @@ class ModelRunner:
         mask = torch.zeros((1, 1, q, kv_len), dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible[None, None], self._min)
         self.cache.prepare(slots, kv_len)
-        out = self.body(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
-                        past_key_values=self.cache, use_cache=True)
+        with exact_attention(self.exact):
+            out = self.body(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
+                            past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state[0]
 
     @torch.inference_mode()

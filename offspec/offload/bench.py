@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> dict:
     device = resolve_device(load_cfg.device)
     dtype = resolve_dtype(load_cfg.dtype, device)
     progress = TqdmProgress()
-    resolved = resolve_model(load_cfg.target, "target", dtype=dtype, progress=progress)
+    resolved = resolve_model(load_cfg.target, "target", progress=progress)
     model, handle = load_offloaded(resolved, device=device, dtype=dtype, attn_implementation="sdpa",
                                    config=offload, progress=progress)
     if model is None:

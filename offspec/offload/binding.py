@@ -8,6 +8,7 @@ post-hook puts the weightless placeholders back and releases the slot.
 from __future__ import annotations
 
 import types
+from typing import Optional
 
 import torch
 from torch import nn
@@ -15,25 +16,44 @@ from torch import nn
 from .packed import LayerSpec, dtype_of
 
 
+def as_compute(view: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """A parameter stored in another float dtype than the compute dtype (the float32 norms and biases of a weight
+    store, bfloat16 compute) is converted: a small copy. Callers apply this to parameters only: buffers (low-bit
+    blocks, NF4 scales) are used as they are stored."""
+    if dtype is not None and view.is_floating_point() and view.dtype != dtype:
+        return view.to(dtype)
+    return view
+
+
 class LayerBinding:
     """The tensors of one decoder layer, by owner module and attribute, with their place in a payload."""
 
-    def __init__(self, layer: nn.Module, spec: LayerSpec):
-        self.entries = []  # (store dict, attribute, offset, nbytes, dtype, shape)
+    def __init__(self, layer: nn.Module, spec: LayerSpec, dtype: Optional[torch.dtype] = None):
+        self.entries = []  # (store dict, attribute, offset, nbytes, dtype, shape, is a parameter)
         self.placeholders = []  # what the attribute held before binding (meta tensors)
+        self.dtype = dtype  # the compute dtype
         for t in spec.tensors:
             owner_name, _, attr = t.name.rpartition(".")
             owner = layer.get_submodule(owner_name) if owner_name else layer
             store = owner._parameters if attr in owner._parameters else owner._buffers
             if attr not in store:
                 raise KeyError(f"layer {spec.index} has no tensor {t.name}")
-            self.entries.append((store, attr, t.offset, t.nbytes, dtype_of(t.dtype), torch.Size(t.shape)))
+            self.entries.append((store, attr, t.offset, t.nbytes, dtype_of(t.dtype), torch.Size(t.shape),
+                                 store is owner._parameters))
             self.placeholders.append(store[attr])
 
+    @staticmethod
+    def views(payload: torch.Tensor, spec: LayerSpec) -> dict[str, torch.Tensor]:
+        """{tensor name: view into `payload`}."""
+        return {t.name: payload[t.offset : t.offset + t.nbytes].view(dtype_of(t.dtype)).view(t.shape)
+                for t in spec.tensors}
+
     def bind(self, payload: torch.Tensor) -> None:
-        """Make the layer use views into `payload` ((nbytes,) uint8 on the compute device). No copies."""
-        for store, attr, offset, nbytes, dtype, shape in self.entries:
-            store[attr] = payload[offset : offset + nbytes].view(dtype).view(shape)
+        """Make the layer use views into `payload` ((nbytes,) uint8 on the compute device). No copies, except
+        plain floats stored in another float dtype than the compute dtype (norms, biases: small)."""
+        for store, attr, offset, nbytes, dtype, shape, param in self.entries:
+            view = payload[offset : offset + nbytes].view(dtype).view(shape)
+            store[attr] = as_compute(view, self.dtype) if param else view
 
     def unbind(self) -> None:
         for (store, attr, *_), placeholder in zip(self.entries, self.placeholders):

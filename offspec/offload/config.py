@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import OffspecError
+from ..config import QUANTS
 from .sizes import parse_optional_size
 
-QUANTS = ("none", "nf4", "int8")
 RING_SLOTS = 2  # device slots the streamed layers rotate through (>= 2: one computes while the next loads)
 STAGING_BUFFERS = 2  # host staging buffers the SSD reader fills ahead of the copies
 FREE_FRACTION = 0.92  # share of the free device memory (or available RAM) a default budget takes
@@ -30,8 +30,8 @@ class OffloadConfig:
 
     device_mem: Optional[int] = None  # everything offspec puts on the device: resident parts, KV caches, slots
     ram_mem: Optional[int] = None  # host RAM for layers streamed from RAM (pinned on CUDA) and SSD staging
-    quant: str = "none"  # the target's decoder layers: none, nf4 or int8 (bitsandbytes formats)
-    draft_quant: str = "none"  # the draft's decoder layers, same formats (kept resident)
+    quant: str = "none"  # a float target stored once as: none, int4 (ggml Q4_1), int8 (ggml Q8_0), nf4 (CUDA)
+    draft_quant: str = "none"  # the same for a float draft (kept resident); a GGUF keeps its own format
     offload_dir: Optional[Path] = None  # packed per-layer files; None = <cache dir>/offload
     max_context: int = 4096  # conversation tokens the KV caches hold (sizes the KV-cache headroom)
     max_budget: int = 4096  # largest tree (sizes the KV-cache and activation headroom)
@@ -58,7 +58,7 @@ class OffloadConfig:
     def validate(self) -> "OffloadConfig":
         for name in ("quant", "draft_quant"):
             if getattr(self, name) not in QUANTS:
-                raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, nf4 or int8")
+                raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, int4, int8 or nf4")
         if self.ring_slots < 2:
             raise OffspecError(f"ring_slots must be >= 2 (one slot computes while the next loads), "
                                f"got {self.ring_slots}")

@@ -1,34 +1,44 @@
-"""Loading a model whose decoder layers are placed under memory budgets (offspec.load's offloading path).
+"""Loading a model through the packed store, its decoder layers placed under memory budgets.
 
-1. a weightless skeleton (transformers model on the meta device; quantized layers get `QuantLinear`s);
-2. sizes from it and the config -> a `Placement` (reported as a "placement" progress event);
-3. when anything streams or is quantized: the packed per-layer set (built once, "pack"/"quantize" events),
-   the resident parts from the original checkpoint, resident layers bound to device buffers, RAM-tier layers
-   read into (pinned) host buffers, and a `LayerStreamer` with forward hooks for the streamed ones.
-Nothing here puts the whole model in memory at any point.
+This is how offspec.load loads a converted GGUF (always: its weights stay in their ggml blocks), and a float
+checkpoint that is quantized or does not fit.
+
+1. a weightless skeleton whose modules match the stored format (skeleton.py);
+2. sizes from it -> a `Placement` (reported as a "placement" progress event);
+3. the packed store: a converted GGUF's own (layers, `other` and `embed` payloads), or one built once from the
+   float checkpoint ("pack"/"quantize" events; with int4/int8 also the LM head and token table);
+4. materializing: the resident parts (the `other` payload, or the checkpoint's non-layer tensors), the token
+   table memory-mapped from `embed.bin` (only the rows a pass asks for are read), resident layers bound to
+   buffers, RAM-tier layers read into (pinned) host buffers, and a `LayerStreamer` with forward hooks for the rest.
+Nothing here puts a whole model in memory, or any weight in a float format it was not stored in.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..errors import OffspecError
+from ..formats.modules import QEmbedding, QLinear, weight_format_summary
+from ..formats.quantize import quantize_rows
 from ..paths import cache_dir
 from ..progress import ProgressEvent, ProgressFn, no_progress
-from .binding import LayerBinding, attach_streaming, skinny_cpu_linears
+from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_linears
 from .checkpoint import Checkpoint
 from .config import WORKSPACE, OffloadConfig
 from .diskio import FileReader, aligned_empty
 from .estimates import draft_headroom, target_headroom
-from .packed import HEADER, PackedSet, ensure_store, mark_corrupt, payload_crc, plan_layer
+from .packed import HEADER, LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corrupt, open_store, payload_crc
 from .placement import ModelSizes, Placement, forced, plan_placement
-from .quant import BLOCKSIZE, quantize_layer_linears, quantize_weight
+from .quant import BLOCKSIZE, quantize_weight
+from .skeleton import Skeleton, from_checkpoint, from_store
 from .streamer import LayerSource, LayerStreamer
 
 
@@ -39,84 +49,42 @@ class OffloadHandle:
     placement: Placement
     streamer: Optional[LayerStreamer] = None
     packed_dir: Optional[Path] = None
+    weights: Optional[dict] = None  # {ggml type name: bytes} of the low-bit weights, None for float models
 
     def summary(self) -> dict:
         out = self.placement.summary()
         out["packed_dir"] = str(self.packed_dir) if self.packed_dir else None
         out["read_mode"] = self.streamer.reader.mode if self.streamer is not None else None
+        out["weight_formats"] = self.weights
         return out
 
 
-@dataclass
-class Skeleton:
-    model: Any  # transformers PreTrainedModel, parameters on the meta device
-    layers: nn.ModuleList
-    prefix: str  # checkpoint key prefix of the decoder layers, e.g. "model.layers."
-    quant: str
-    quantized: list[str]  # names (inside a layer) of the linears stored quantized
-    plans: list  # LayerSpec per layer (payload layout, no checksums yet)
+class StoreDamaged(OffspecError):
+    """A converted GGUF's weight store failed a checksum while loading; its entry was marked for a rebuild."""
 
 
 class _Corrupt(Exception):
     pass
 
 
-def build_skeleton(path: Path, dtype: torch.dtype, attn_implementation: str, quant: str) -> Skeleton:
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from ..convert import quiet_transformers
-
-    try:
-        with quiet_transformers():
-            config = AutoConfig.from_pretrained(str(path))
-            with init_empty_weights():  # parameters on meta; buffers (rotary tables) real, on the CPU
-                model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-    except Exception as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise OffspecError(f"cannot build model {path.name} for offloading: {reason}") from exc
-    try:  # eos ids and friends, as from_pretrained would read them
-        from transformers import GenerationConfig
-
-        with quiet_transformers():
-            model.generation_config = GenerationConfig.from_pretrained(str(path))
-    except Exception:
-        pass  # no generation_config.json: keep the one derived from the config
-    model.eval()
-    model.requires_grad_(False)
-    layers = getattr(model.get_decoder(), "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise OffspecError(f"cannot offload {path.name}: its decoder has no `layers` list (unsupported architecture)")
-    names = {id(m): n for n, m in model.named_modules()}
-    prefix = names[id(layers)] + "."
-    quantized: list[str] = []
-    if quant != "none":
-        for layer in layers:
-            quantized = quantize_layer_linears(layer, quant, dtype)
-    plans = [plan_layer(i, [(n, t.dtype, tuple(t.shape)) for n, t in layer.state_dict(keep_vars=True).items()])
-             for i, layer in enumerate(layers)]
-    return Skeleton(model, layers, prefix, quant, quantized, plans)
-
-
-def _other_keys(sk: Skeleton) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in sk.model.state_dict(keep_vars=True).items() if not k.startswith(sk.prefix)}
-
-
 def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_bytes: int,
                 device: torch.device) -> ModelSizes:
     elem = torch.empty((), dtype=dtype).element_size()
-    seen, other = set(), 0
-    for tensor in _other_keys(sk).values():
-        if id(tensor) not in seen:  # tied weights count once
-            seen.add(id(tensor))
-            other += tensor.numel() * tensor.element_size()
+    if sk.complete_store:  # the `other` payload is resident; the memory-mapped token table is not charged
+        other = sk.extras["other"].nbytes
+    else:
+        seen, other = set(), 0
+        for key, tensor in sk.model.state_dict(keep_vars=True).items():
+            if not key.startswith(sk.prefix) and id(tensor) not in seen:  # tied weights count once
+                seen.add(id(tensor))
+                other += tensor.numel() * tensor.element_size()
     kv, act = target_headroom(sk.model.config, config.max_context, config.max_budget, elem)
     return ModelSizes(layer_bytes=tuple(p.nbytes for p in sk.plans), file_bytes=max(p.file_bytes for p in sk.plans),
                       other_bytes=other, kv_bytes=kv, activation_bytes=act, extra_bytes=extra_bytes,
                       workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]))
 
 
-# --- the packed set ------------------------------------------------------------------------------
+# --- packing a float checkpoint ------------------------------------------------------------------
 def packed_location(ck: Checkpoint, dtype: torch.dtype, quant: str, root: Optional[Path]) -> tuple[Path, dict]:
     key = {"model": ck.name, "source": ck.fingerprint(), "dtype": str(dtype).removeprefix("torch."), "quant": quant}
     if quant == "nf4":
@@ -126,26 +94,32 @@ def packed_location(ck: Checkpoint, dtype: torch.dtype, quant: str, root: Option
     return root / f"{slug}-{key['source'][:12]}-{key['dtype']}-{quant}", key
 
 
-def _layer_tensors(sk: Skeleton, ck: Checkpoint, index: int, dtype: torch.dtype, qdevice: torch.device):
-    """One layer's tensors in the packed format, read from the checkpoint one at a time (quantized when asked):
-    yields (name, tensor) pairs so that packing never holds more than one source tensor."""
-    quantized = set(sk.quantized)
-    sources = []
-    for t in sk.plans[index].tensors:
-        owner, _, attr = t.name.rpartition(".")
-        # quantized linears: qweight/absmax/code (nf4) or CB/SCB (int8) all come from the weight
-        name = f"{owner}.weight" if owner in quantized and attr != "bias" else t.name
-        if name not in sources:
-            sources.append(name)
-    for name in sources:
-        t = ck.read(f"{sk.prefix}{index}.{name}")
-        owner = name.rpartition(".")[0]
-        if owner in quantized and name.endswith(".weight"):
-            for k, v in quantize_weight(sk.quant, t.to(qdevice, torch.float32)).items():
-                yield f"{owner}.{k}", v.to("cpu")
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    owner_name, _, attr = name.rpartition(".")
+    return (model.get_submodule(owner_name) if owner_name else model), attr
+
+
+def _stored_tensors(root: nn.Module, spec: LayerSpec, read: Callable[[str], torch.Tensor], dtype: torch.dtype,
+                    qdevice: torch.device):
+    """(name, tensor) pairs of `spec` in their stored format, read one source tensor at a time from `read(name)`
+    (checkpoint names relative to `root`)."""
+    nf4_done = set()
+    for t in spec.tensors:
+        owner, attr = _owner(root, t.name)
+        if isinstance(owner, (QLinear, QEmbedding)) and attr == "qweight":
+            src = read(t.name.removesuffix(".qweight") + ".weight")
+            yield t.name, quantize_rows(src, t.ggml)  # ggml blocks (int4 -> Q4_1, int8 -> Q8_0)
+        elif type(owner).__name__ == "QuantLinear":  # nf4: qweight/absmax/code all come from the weight
+            base = t.name.rpartition(".")[0]
+            if attr == "bias":
+                yield t.name, read(t.name).to(dtype)
+            elif base not in nf4_done:
+                nf4_done.add(base)
+                for k, v in quantize_weight("nf4", read(base + ".weight").to(qdevice, torch.float32)).items():
+                    yield f"{base}.{k}", v.to("cpu")
         else:
-            yield name, (t.to(dtype) if t.is_floating_point() else t)
-        del t
+            src = read(t.name)
+            yield t.name, (src.to(getattr(torch, t.dtype)) if src.is_floating_point() else src)
 
 
 def ensure_packed(sk: Skeleton, ck: Checkpoint, dtype: torch.dtype, config: OffloadConfig, device: torch.device,
@@ -156,21 +130,47 @@ def ensure_packed(sk: Skeleton, ck: Checkpoint, dtype: torch.dtype, config: Offl
     qdevice = device if device.type == "cuda" else torch.device("cpu")
     step = "pack" if sk.quant == "none" else "quantize"
     verb = "packing" if sk.quant == "none" else f"quantizing ({sk.quant})"
-    return ensure_store(directory, key, sk.plans, lambda i: _layer_tensors(sk, ck, i, dtype, qdevice), progress,
-                        step, f"{verb} the layers of {ck.name}")
+
+    def layer(i: int):
+        return _stored_tensors(sk.layers[i], sk.plans[i], lambda n: ck.read(f"{sk.prefix}{i}.{n}"), dtype, qdevice)
+
+    def extra(name: str):
+        spec = sk.extras[name]
+        return lambda: _stored_tensors(sk.model, spec, ck.read, dtype, qdevice)
+
+    extras = {name: (spec, extra(name)) for name, spec in sk.extras.items()}
+    return ensure_store(directory, key, sk.plans, layer, progress, step, f"{verb} the layers of {ck.name}", extras)
 
 
 # --- materializing -------------------------------------------------------------------------------
-def _load_resident_parts(sk: Skeleton, ck: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
+def _set(model: nn.Module, name: str, value: torch.Tensor, dtype: Optional[torch.dtype] = None) -> None:
+    """Bind `value` as `name`'s parameter (converted to the compute `dtype`, see binding.as_compute) or buffer."""
+    owner, attr = _owner(model, name)
+    if attr in owner._parameters:
+        value = as_compute(value, dtype)
+        owner._parameters[attr] = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
+    else:
+        owner._buffers[attr] = value
+
+
+def _move_buffers(model: nn.Module, device: torch.device) -> None:
+    for module in model.modules():  # non-persistent buffers (rotary tables) were built on the CPU
+        if isinstance(module, QEmbedding):
+            continue  # its table stays where it was mapped
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and not buf.is_meta and buf.device != device:
+                module._buffers[name] = buf.to(device)
+
+
+def _load_checkpoint_parts(sk: Skeleton, ck: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
     """Embeddings, final norm, LM head (and any other non-layer tensor) from the checkpoint onto the device."""
     model = sk.model
     tie = getattr(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config,
                   "tie_word_embeddings", False)
     out_emb = model.get_output_embeddings()
-    keys = sorted(_other_keys(sk), key=lambda k: k not in ck)  # tied tensors (absent from the file) last
-    for key in keys:  # one tensor at a time
-        owner_name, _, attr = key.rpartition(".")
-        owner = model.get_submodule(owner_name)
+    keys = [k for k in model.state_dict(keep_vars=True) if not k.startswith(sk.prefix)]
+    for key in sorted(keys, key=lambda k: k not in ck):  # one tensor at a time; tied ones (absent) last
+        owner, attr = _owner(model, key)
         if key in ck:
             t = ck.read(key)
             t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
@@ -178,31 +178,72 @@ def _load_resident_parts(sk: Skeleton, ck: Checkpoint, device: torch.device, dty
             t = model.get_input_embeddings().weight  # tied LM head: the same tensor
         else:
             raise OffspecError(f"cannot offload {ck.name}: its checkpoint has no tensor {key!r}")
-        if attr in owner._parameters:
-            owner._parameters[attr] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
-        else:
-            owner._buffers[attr] = t
+        _set(model, key, t)
         del t
-    for module in model.modules():  # non-persistent buffers (rotary tables) were built on the CPU
-        for name, buf in list(module._buffers.items()):
-            if buf is not None and not buf.is_meta and buf.device != device:
-                module._buffers[name] = buf.to(device)
 
 
-def _read_checked(reader: FileReader, packed: PackedSet, index: int, into: torch.Tensor) -> torch.Tensor:
-    """Read layer `index`'s file into `into` ((file_bytes,) host); returns its payload view; _Corrupt on a bad crc."""
-    spec = packed.layers[index]
-    reader.read(packed.path(index), into, spec.file_bytes)
+def _read_payload(reader: FileReader, path: Path, spec: LayerSpec, into: torch.Tensor) -> torch.Tensor:
+    """Read a packed file into `into` ((file_bytes,) host); returns its payload view; _Corrupt on a bad crc."""
+    reader.read(path, into, spec.file_bytes)
     payload = into[HEADER : HEADER + spec.nbytes]
     if payload_crc(payload) != spec.crc32:
-        raise _Corrupt(f"{packed.path(index)}: checksum mismatch")
+        raise _Corrupt(f"{path}: checksum mismatch")
     return payload
 
 
-def _materialize(sk: Skeleton, ck: Checkpoint, packed: PackedSet, placement: Placement, device: torch.device,
+def _file_crc(path: Path, spec: LayerSpec) -> int:
+    """crc32 of a packed file's payload, read in chunks without keeping its pages cached."""
+    import os
+
+    crc, done = 0, 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while done < spec.nbytes:
+            chunk = os.pread(fd, min(8 * 2**20, spec.nbytes - done), HEADER + done)
+            if not chunk:
+                break
+            crc = zlib.crc32(chunk, crc)
+            done += len(chunk)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return crc & 0xFFFFFFFF
+
+
+def _bind_payload(model: nn.Module, spec: LayerSpec, payload: torch.Tensor, dtype: torch.dtype) -> None:
+    for name, view in LayerBinding.views(payload, spec).items():
+        _set(model, name, view, dtype)
+
+
+def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, device: torch.device,
+                       dtype: torch.dtype, config: OffloadConfig) -> None:
+    """The resident `other` payload (checked), and the token table memory-mapped from `embed.bin`."""
+    spec = packed.extras["other"]
+    payload = _read_payload(reader, packed.extra_path("other"), spec, aligned_empty(spec.file_bytes))
+    if device.type != "cpu":
+        payload = payload.to(device)  # (nbytes,) uint8: LM head and final norm stay resident on the device
+    _bind_payload(sk.model, spec, payload, dtype)
+    emb = sk.model.get_input_embeddings()
+    if "embed" in packed.extras:
+        espec = packed.extras["embed"]
+        path = packed.extra_path("embed")
+        if config.verify != "never" and _file_crc(path, espec) != espec.crc32:
+            raise _Corrupt(f"{path}: checksum mismatch")
+        mapped = np.memmap(path, dtype=np.uint8, mode="c", offset=HEADER, shape=(espec.nbytes,))
+        _bind_payload(sk.model, espec, torch.from_numpy(mapped), dtype)  # host pages, read only where asked
+    if sk.tied:
+        sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
+
+
+def _materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, placement: Placement, device: torch.device,
                  dtype: torch.dtype, config: OffloadConfig, progress: ProgressFn, name: str) -> Optional[LayerStreamer]:
-    _load_resident_parts(sk, ck, device, dtype)
     reader = FileReader(config.direct_io)
+    if sk.complete_store:
+        _load_store_extras(sk, packed, reader, device, dtype, config)
+    else:
+        _load_checkpoint_parts(sk, ck, device, dtype)
+    _move_buffers(sk.model, device)
     cuda = device.type == "cuda"
     staging = aligned_empty(max(s.file_bytes for s in packed.layers), pin=True) if cuda else None
     sources, bindings = [], []
@@ -210,17 +251,17 @@ def _materialize(sk: Skeleton, ck: Checkpoint, packed: PackedSet, placement: Pla
     for i, (layer, tier) in enumerate(zip(sk.layers, placement.tiers)):
         progress(ProgressEvent("load", f"loading {name}", i, n))
         spec = packed.layers[i]
-        binding = LayerBinding(layer, spec)
+        binding = LayerBinding(layer, spec, dtype)
         if tier == "device":
             if cuda:
                 payload = torch.empty(spec.nbytes, dtype=torch.uint8, device=device)  # (nbytes,) resident layer
-                payload.copy_(_read_checked(reader, packed, i, staging))  # blocking copy: staging is reused next
-            else:
-                payload = _read_checked(reader, packed, i, aligned_empty(spec.file_bytes))  # host memory is the device
+                payload.copy_(_read_payload(reader, packed.path(i), spec, staging))  # blocking: staging is reused
+            else:  # host memory is the device
+                payload = _read_payload(reader, packed.path(i), spec, aligned_empty(spec.file_bytes))
             binding.bind(payload)
         elif tier == "ram":
             buf = aligned_empty(spec.file_bytes, pin=cuda)  # (file_bytes,) host copy, pinned on CUDA
-            sources.append(LayerSource(i, spec, ram=_read_checked(reader, packed, i, buf)))
+            sources.append(LayerSource(i, spec, ram=_read_payload(reader, packed.path(i), spec, buf)))
             bindings.append(binding)
         else:
             if not any(s.path for s in sources):
@@ -228,7 +269,7 @@ def _materialize(sk: Skeleton, ck: Checkpoint, packed: PackedSet, placement: Pla
             sources.append(LayerSource(i, spec, path=packed.path(i)))
             bindings.append(binding)
         if device.type == "cpu" and dtype == torch.float32:
-            skinny_cpu_linears(layer)
+            skinny_cpu_linears(layer)  # float layers only: low-bit ones use offspec's kernels
     progress(ProgressEvent("load", f"loading {name}", n, n, finished=True))
     if not sources:
         return None
@@ -244,41 +285,73 @@ def _materialize(sk: Skeleton, ck: Checkpoint, packed: PackedSet, placement: Pla
     return streamer
 
 
+def _open_source(resolved: Any, dtype: torch.dtype, attn_implementation: str, config: OffloadConfig,
+                 device: torch.device) -> tuple[Skeleton, Optional[Checkpoint], Optional[PackedSet]]:
+    """The skeleton, the checkpoint (float sources) and the store (converted GGUFs) of `resolved`."""
+    store = getattr(resolved, "store", None)
+    if store is not None:
+        from ..convert import store_key
+
+        try:
+            packed = open_store(store, store_key(Path(resolved.path).name))
+        except StoreInvalid as exc:
+            _damaged(resolved, str(exc))
+        return from_store(Path(resolved.path), packed, dtype, attn_implementation, device), None, packed
+    ck = Checkpoint(resolved.path, resolved.name)
+    sk = from_checkpoint(Path(resolved.path), dtype, attn_implementation, config.quant, device, set(ck.where))
+    return sk, ck, None
+
+
+def _damaged(resolved: Any, reason: str):
+    from ..convert import MANIFEST
+
+    try:
+        (Path(resolved.path) / MANIFEST).unlink()  # the entry is rebuilt from its GGUF
+    except OSError:
+        pass
+    raise StoreDamaged(f"the converted weights of {resolved.name} in {resolved.path} are damaged ({reason}); "
+                       f"they are rebuilt from the GGUF on the next load")
+
+
 def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, attn_implementation: str,
                    config: OffloadConfig, progress: ProgressFn = no_progress, extra_bytes: int = 0,
                    already_allocated: int = 0, tiers: Optional[Union[str, tuple[str, ...]]] = None,
                    report: bool = True) -> tuple[Optional[Any], OffloadHandle]:
     """Place and (when needed) build `resolved`'s model under `config`'s budgets.
 
-    Returns (model, handle); model is None when every layer fits and nothing is quantized (load it the usual
-    way). `tiers` forces a placement (a tier per layer, or one tier for all: tests, benchmarks, a quantized draft);
-    `extra_bytes` are other resident bytes (the draft).
+    Returns (model, handle); model is None for a float checkpoint when every layer fits and nothing is quantized
+    (load it the usual way). `tiers` forces a placement (a tier per layer, or one tier for all: tests,
+    benchmarks, a resident draft); `extra_bytes` are other resident bytes (the draft).
     """
     device = torch.device(device)
-    ck = Checkpoint(resolved.path, resolved.name)
-    sk = build_skeleton(resolved.path, dtype, attn_implementation, config.quant)
+    sk, ck, packed = _open_source(resolved, dtype, attn_implementation, config, device)
     sizes = model_sizes(sk, dtype, config, extra_bytes, device)
     if isinstance(tiers, str):
         tiers = (tiers,) * len(sk.layers)
     placement = forced(sizes, device, tiers, config) if tiers is not None else \
         plan_placement(sizes, device, config, already_allocated)
+    if sk.quant == "ggml":
+        placement = replace(placement, quant="ggml")
     if report:
         progress(ProgressEvent("placement", placement.describe(), 1, 1, finished=True))
-    if not placement.streams and config.quant == "none" and not config.pack_always:
+    if packed is None and not placement.streams and config.quant == "none" and not config.pack_always:
         return None, OffloadHandle(placement)
-    packed = ensure_packed(sk, ck, dtype, config, device, progress)
+    if packed is None:
+        packed = ensure_packed(sk, ck, dtype, config, device, progress)
     try:
         streamer = _materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
-    except _Corrupt:  # a resident or RAM layer failed its checksum: rebuild the set once
-        sk = build_skeleton(resolved.path, dtype, attn_implementation, config.quant)
+    except _Corrupt as exc:  # a resident part failed its checksum
+        if ck is None:
+            _damaged(resolved, str(exc))
+        sk = from_checkpoint(Path(resolved.path), dtype, attn_implementation, config.quant, device, set(ck.where))
         packed = ensure_packed(sk, ck, dtype, config, device, progress, rebuild=True)
         try:
             streamer = _materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
-        except _Corrupt as exc:
-            raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc}); "
+        except _Corrupt as exc2:
+            raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc2}); "
                                f"check the disk, or use another --offload-dir") from None
     trim_heap()  # packing and loading freed many temporaries
-    return sk.model, OffloadHandle(placement, streamer, packed.directory)
+    return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model))
 
 
 def trim_heap() -> None:
@@ -291,10 +364,12 @@ def trim_heap() -> None:
         pass  # not glibc
 
 
-def _param_bytes(model: nn.Module) -> int:
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes of `model`'s tensors held in memory (a memory-mapped token table is not counted)."""
     seen, total = set(), 0
+    mapped = {id(m.qweight) for m in model.modules() if isinstance(m, QEmbedding)}
     for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) not in seen and not t.is_meta:
+        if id(t) not in seen and not t.is_meta and id(t) not in mapped:
             seen.add(id(t))
             total += t.numel() * t.element_size()
     return total
@@ -303,23 +378,23 @@ def _param_bytes(model: nn.Module) -> int:
 def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_tok: Any, *, device: torch.device,
                         dtype: torch.dtype, attn_implementation: str, config: OffloadConfig,
                         progress: ProgressFn = no_progress, load_model: Optional[Callable] = None):
-    """offspec.loading.load_pair with offloading: the draft first (resident, quantized if asked), then the
-    target placed under the budgets with the draft counted as resident. Returns (target, draft) LoadedModels."""
+    """offspec.loading.load_pair with offloading: the draft first (resident; quantized if asked or stored so),
+    then the target placed under the budgets with the draft counted as resident. Returns (target, draft)."""
     from ..loading import LoadedModel
     from ..loading import load_model as plain_load
 
     load_model = load_model or plain_load
     device = torch.device(device)
-    if config.draft_quant == "none":
+    if getattr(draft_res, "store", None) is None and config.draft_quant == "none":
         draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                            progress=progress, tokenizer=draft_tok)
     else:
         model, _ = load_offloaded(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                   config=replace(config, quant=config.draft_quant), progress=progress,
-                                  tiers="device", report=False)  # resident, quantized, from its packed set
+                                  tiers="device", report=False)  # resident, from its packed store
         draft = LoadedModel(name=draft_res.name, path=draft_res.path, model=model, tokenizer=draft_tok)
     elem = torch.empty((), dtype=dtype).element_size()
-    draft_bytes = _param_bytes(draft.model)
+    draft_bytes = resident_bytes(draft.model)
     extra = draft_bytes + draft_headroom(draft.model.config, config.max_context, config.max_budget, elem)
     model, handle = load_offloaded(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                    config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes)

@@ -3,8 +3,12 @@
 A set lives in one directory per (model, dtype, format):
 
     layer-0000.bin ...   a 4 KiB header (magic, set id, layer, payload size, crc32) then the payload, padded to 4 KiB
-    manifest.json        written last: the key (source fingerprint, dtype, format), per layer its file, size,
-                         crc32 and tensors (name, dtype, shape, byte offset in the payload)
+    other.bin, embed.bin optional extras in the same file format: a complete weight store (a converted GGUF, a
+                         quantized model) keeps its LM head and final norm in other.bin (resident) and its token
+                         table in embed.bin (memory-mapped: only the rows a pass asks for are read)
+    manifest.json        written last: the key (source fingerprint, dtype, format), per layer (and extra) its file,
+                         size, crc32 and tensors (name, dtype, shape, byte offset in the payload, and for low-bit
+                         weights their ggml type and column count: see offspec/formats)
 
 Every file is written to a temp name and renamed; the set is built in a temp directory renamed into place.
 A missing manifest, a key that does not match, a missing or short file or a wrong header makes the set
@@ -19,7 +23,7 @@ import os
 import shutil
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -28,7 +32,7 @@ import torch
 from ..errors import OffspecError
 from ..progress import ProgressEvent, ProgressFn
 
-FORMAT = 1
+FORMAT = 2  # 2: ggml block tensors and extras (a format-1 set is rebuilt)
 MAGIC = b"OFFSPECL"
 HEADER = 4096  # header bytes; also the file alignment (O_DIRECT reads need block-aligned offsets and sizes)
 TENSOR_ALIGN = 256  # byte alignment of each tensor inside a payload
@@ -56,6 +60,8 @@ class TensorSpec:
     shape: tuple[int, ...]
     offset: int  # byte offset in the layer payload
     nbytes: int
+    ggml: int = -1  # ggml type id of a low-bit weight stored as (rows, row_bytes) uint8 blocks; -1: a plain tensor
+    cols: int = 0  # the logical column count (input features) of a low-bit weight
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,16 @@ class PackedSet:
     set_id: str
     key: dict
     layers: tuple[LayerSpec, ...]
+    extras: dict[str, LayerSpec] = field(default_factory=dict)  # "other", "embed": see the module doc
 
     def path(self, index: int) -> Path:
         return self.directory / self.layers[index].file
+
+    def extra_path(self, name: str) -> Path:
+        return self.directory / self.extras[name].file
+
+    def all_specs(self) -> list[LayerSpec]:
+        return list(self.layers) + list(self.extras.values())
 
 
 def layer_file(index: int) -> str:
@@ -92,16 +105,27 @@ def ssd_files(directory: Path, tiers: Iterable[str]) -> list[Path]:
     return [Path(directory) / layer_file(i) for i, tier in enumerate(tiers) if tier == "ssd"]
 
 
-def plan_layer(index: int, entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]) -> LayerSpec:
-    """Lay out one layer's tensors (name, dtype, shape) in a payload; crc32 is filled in when written."""
+EXTRA_FILES = {"other": "other.bin", "embed": "embed.bin"}
+EXTRA_INDEX = {"other": -1, "embed": -2}
+
+
+def plan_layer(index: int, entries: Iterable[tuple], file: Optional[str] = None) -> LayerSpec:
+    """Lay out one layer's tensors in a payload; crc32 is filled in when written. Entries are (name, dtype,
+    shape) or, for low-bit weights, (name, torch.uint8, (rows, row_bytes), ggml type id, cols)."""
     offset, tensors = 0, []
-    for name, dtype, shape in entries:
+    for name, dtype, shape, *lowbit in entries:
         nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
         dtype_name = str(dtype).removeprefix("torch.")
-        tensors.append(TensorSpec(name, dtype_name, tuple(int(s) for s in shape), offset, nbytes))
+        ggml, cols = (int(lowbit[0]), int(lowbit[1])) if lowbit else (-1, 0)
+        tensors.append(TensorSpec(name, dtype_name, tuple(int(s) for s in shape), offset, nbytes, ggml, cols))
         offset = _round_up(offset + nbytes, TENSOR_ALIGN)
-    return LayerSpec(index=index, file=layer_file(index), nbytes=max(offset, TENSOR_ALIGN),
+    return LayerSpec(index=index, file=file or layer_file(index), nbytes=max(offset, TENSOR_ALIGN),
                      tensors=tuple(tensors))
+
+
+def plan_extra(name: str, entries: Iterable[tuple]) -> LayerSpec:
+    """The layout of the extra payload `name` ("other" or "embed")."""
+    return plan_layer(EXTRA_INDEX[name], entries, EXTRA_FILES[name])
 
 
 def tensor_views(payload: torch.Tensor, spec: LayerSpec) -> dict[str, torch.Tensor]:
@@ -165,10 +189,21 @@ def write_layer(directory: Path, set_id: str, spec: LayerSpec,
     return LayerSpec(spec.index, spec.file, spec.nbytes, spec.tensors, crc & 0xFFFFFFFF)
 
 
+def _spec_dict(s: LayerSpec) -> dict:
+    return {"index": s.index, "file": s.file, "nbytes": s.nbytes, "crc32": s.crc32,
+            "tensors": [[t.name, t.dtype, list(t.shape), t.offset, t.nbytes, t.ggml, t.cols] for t in s.tensors]}
+
+
+def _spec_of(d: dict) -> LayerSpec:
+    return LayerSpec(int(d["index"]), str(d["file"]), int(d["nbytes"]),
+                     tuple(TensorSpec(n, dt, tuple(sh), int(o), int(b), int(g), int(c))
+                           for n, dt, sh, o, b, g, c in d["tensors"]), int(d["crc32"]))
+
+
 def _manifest_dict(packed: PackedSet) -> dict:
-    return {"format": FORMAT, "set_id": packed.set_id, "key": packed.key, "layers": [
-        {"index": s.index, "file": s.file, "nbytes": s.nbytes, "crc32": s.crc32,
-         "tensors": [[t.name, t.dtype, list(t.shape), t.offset, t.nbytes] for t in s.tensors]} for s in packed.layers]}
+    return {"format": FORMAT, "set_id": packed.set_id, "key": packed.key,
+            "layers": [_spec_dict(s) for s in packed.layers],
+            "extras": {name: _spec_dict(s) for name, s in packed.extras.items()}}
 
 
 def open_store(directory: Path, key: dict) -> PackedSet:
@@ -178,17 +213,18 @@ def open_store(directory: Path, key: dict) -> PackedSet:
         raise StoreInvalid("no manifest (missing or partial set)")
     try:
         data = json.loads(manifest.read_text())
-        layers = tuple(LayerSpec(int(l["index"]), str(l["file"]), int(l["nbytes"]),
-                                 tuple(TensorSpec(n, d, tuple(s), int(o), int(b)) for n, d, s, o, b in l["tensors"]),
-                                 int(l["crc32"])) for l in data["layers"])
+        if data.get("format") != FORMAT:
+            raise StoreInvalid(f"made by another version of offspec (format {data.get('format')}, now {FORMAT})")
+        layers = tuple(_spec_of(l) for l in data["layers"])
+        extras = {str(name): _spec_of(e) for name, e in data.get("extras", {}).items()}
         set_id = str(data["set_id"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StoreInvalid(f"unreadable manifest ({exc})") from None
-    if data.get("format") != FORMAT or data.get("key") != key:
+    if data.get("key") != key:
         raise StoreInvalid("made for another model, dtype or format")
     if [s.index for s in layers] != list(range(len(layers))):
         raise StoreInvalid("manifest layers out of order")
-    for spec in layers:
+    for spec in list(layers) + list(extras.values()):
         path = directory / spec.file
         try:
             size = path.stat().st_size
@@ -201,7 +237,7 @@ def open_store(directory: Path, key: dict) -> PackedSet:
         problem = check_header(head, set_id, spec)
         if problem:
             raise StoreInvalid(f"{spec.file}: {problem}")
-    return PackedSet(directory, set_id, key, layers)
+    return PackedSet(directory, set_id, key, layers, extras)
 
 
 def mark_corrupt(directory: Path) -> None:
@@ -213,25 +249,34 @@ def mark_corrupt(directory: Path) -> None:
 
 
 def build_store(directory: Path, key: dict, plans: list[LayerSpec], make_layer: Callable[[int], Iterable],
-                progress: ProgressFn, step: str, message: str) -> PackedSet:
-    """Write a new set: every layer file, then the manifest, in a temp directory renamed to `directory`."""
+                progress: ProgressFn, step: str, message: str,
+                extras: Optional[dict[str, tuple[LayerSpec, Callable[[], Iterable]]]] = None) -> PackedSet:
+    """Write a new set: every layer file and extra, then the manifest, in a temp directory renamed to `directory`.
+    `extras` maps "other"/"embed" to (layout, a maker of its (name, tensor) pairs)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temps(directory.parent)
     tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     set_id = uuid.uuid4().hex
+    extras = extras or {}
+    total = len(plans) + len(extras)
     try:
         tmp.mkdir()
         specs = []
         for i, plan in enumerate(plans):
-            progress(ProgressEvent(step, message, i, len(plans)))
+            progress(ProgressEvent(step, message, i, total))
             specs.append(write_layer(tmp, set_id, plan, make_layer(i)))
-        packed = PackedSet(directory, set_id, key, tuple(specs))
+        written = {}
+        for j, (name, (plan, make)) in enumerate(extras.items()):
+            progress(ProgressEvent(step, message, len(plans) + j, total))
+            written[name] = write_layer(tmp, set_id, plan, make())
+        packed = PackedSet(directory, set_id, key, tuple(specs), written)
         (tmp / (MANIFEST + ".tmp")).write_text(json.dumps(_manifest_dict(packed)))
         os.replace(tmp / (MANIFEST + ".tmp"), tmp / MANIFEST)  # the manifest last: its presence means complete
         if directory.exists():
             try:  # another process may have finished the same set meanwhile: keep theirs
                 theirs = open_store(directory, key)
                 shutil.rmtree(tmp, ignore_errors=True)
-                progress(ProgressEvent(step, message, len(plans), len(plans), finished=True))
+                progress(ProgressEvent(step, message, total, total, finished=True))
                 return theirs
             except StoreInvalid:
                 shutil.rmtree(directory)
@@ -243,20 +288,51 @@ def build_store(directory: Path, key: dict, plans: list[LayerSpec], make_layer: 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    progress(ProgressEvent(step, message, len(plans), len(plans), finished=True))
+    progress(ProgressEvent(step, message, total, total, finished=True))
     return packed
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # someone else's process
+    return True
+
+
+def remove_dead_temps(parent: Path) -> None:
+    """Remove temp directories `.<name>.tmp-<pid>-<rand>` (and `.trash-<pid>-...`) whose process is gone:
+    what an interrupted or killed build left behind. A live build's temp is never touched."""
+    try:
+        leftovers = [p for p in parent.iterdir() if p.name.startswith(".") and (".tmp-" in p.name or ".trash-" in p.name)]
+    except OSError:
+        return
+    for path in leftovers:
+        try:
+            pid = int(path.name.rsplit(".tmp-", 1)[-1].rsplit(".trash-", 1)[-1].split("-")[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def ensure_store(directory: Path, key: dict, plans: list[LayerSpec], make_layer: Callable[[int], Iterable],
-                 progress: ProgressFn, step: str, message: str) -> PackedSet:
+                 progress: ProgressFn, step: str, message: str,
+                 extras: Optional[dict[str, tuple[LayerSpec, Callable[[], Iterable]]]] = None) -> PackedSet:
     """Open the set in `directory`, (re)building it when it is missing, partial, stale or corrupt."""
+    extras = extras or {}
     try:
         packed = open_store(directory, key)
-        if [(s.nbytes, s.tensors) for s in packed.layers] == [(p.nbytes, p.tensors) for p in plans]:
+        same_layers = [(s.nbytes, s.tensors) for s in packed.layers] == [(p.nbytes, p.tensors) for p in plans]
+        same_extras = {n: (s.nbytes, s.tensors) for n, s in packed.extras.items()} == \
+            {n: (p.nbytes, p.tensors) for n, (p, _) in extras.items()}
+        if same_layers and same_extras:
             return packed
         reason = "its layout differs from this model's"
     except StoreInvalid as exc:
         reason = str(exc)
     if directory.exists():
         message = f"{message} (the packed set in {directory} is invalid: {reason}; rebuilding)"
-    return build_store(directory, key, plans, make_layer, progress, step, message)
+    return build_store(directory, key, plans, make_layer, progress, step, message, extras)

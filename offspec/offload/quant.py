@@ -1,13 +1,10 @@
-"""Weight formats of packed layers: NF4 (4-bit) and int8 through bitsandbytes, plus the module that computes with them.
+"""NF4 (bitsandbytes' 4-bit NormalFloat) for float checkpoints on CUDA (`--quant nf4`), and its module.
 
-bitsandbytes 0.50 runs both on CPU: `quantize_4bit` / `dequantize_4bit` / `matmul_4bit` (NF4, blocks of 64,
-no double quantization) and `int8_vectorwise_quant` / `int8_vectorwise_dequant` (one absmax scale per output
-row, LLM.int8's weight format). Linear layers of a quantized decoder layer become `QuantLinear`s whose
-tensors are views into the packed layer buffer (bound per pass by the streamer's hooks).
-
-NF4 computes with `bnb.matmul_4bit` (on CUDA its fused 4-bit GEMV for one token, dequantize + GEMM for
-more). int8 dequantizes the weight to the compute dtype and uses a plain GEMM: weight-only quantization,
-exact up to the weight rounding (LLM.int8's int8 GEMM would also quantize the activations).
+`quantize_4bit` / `dequantize_4bit` / `matmul_4bit` (NF4, blocks of 64, no double quantization). Linear layers of
+a quantized decoder layer become `QuantLinear`s whose tensors are views into the packed layer buffer (bound per
+pass by the streamer's hooks); `bnb.matmul_4bit` uses its fused 4-bit GEMV for one token, dequantize + GEMM for
+more. On a CPU, bitsandbytes' NF4 runs 10-30x slower than float32, so offspec refuses it there (--quant int4
+stores ggml Q4_1 blocks with offspec's own kernels instead: offspec/formats). int8 is ggml Q8_0, not here.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 BLOCKSIZE = 64  # NF4 absmax block (elements)
 NF4_CODE_LEN = 16  # the NF4 code book: 16 float32 values
@@ -30,8 +26,6 @@ def quant_entries(kind: str, out_features: int, in_features: int) -> list[tuple[
             raise ValueError(f"NF4 needs a weight size divisible by {BLOCKSIZE}, got {out_features}x{in_features}")
         return [("qweight", torch.uint8, (n // 2, 1)), ("absmax", torch.float32, (n // BLOCKSIZE,)),
                 ("code", torch.float32, (NF4_CODE_LEN,))]
-    if kind == "int8":
-        return [("CB", torch.int8, (out_features, in_features)), ("SCB", torch.float32, (out_features,))]
     raise ValueError(f"unknown quantization {kind!r}")
 
 
@@ -43,9 +37,6 @@ def quantize_weight(kind: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
     if kind == "nf4":
         q, state = bnbF.quantize_4bit(weight, blocksize=BLOCKSIZE, quant_type="nf4", compress_statistics=False)
         return {"qweight": q, "absmax": state.absmax.float(), "code": state.code.float()}  # (n/2, 1), (n/64,), (16,)
-    if kind == "int8":
-        cb, scb, _ = bnbF.int8_vectorwise_quant(weight.float())  # (out, in) int8, (out,) float32
-        return {"CB": cb, "SCB": scb.float()}
     raise ValueError(f"unknown quantization {kind!r}")
 
 
@@ -57,8 +48,6 @@ def dequantize_weight(kind: str, tensors: dict[str, torch.Tensor], out_features:
     if kind == "nf4":
         state = _nf4_state(tensors["absmax"], tensors["code"], out_features, in_features, dtype)
         return bnbF.dequantize_4bit(tensors["qweight"], state).to(dtype)
-    if kind == "int8":
-        return bnbF.int8_vectorwise_dequant(tensors["CB"], tensors["SCB"]).to(dtype)
     raise ValueError(f"unknown quantization {kind!r}")
 
 
@@ -70,7 +59,7 @@ def _nf4_state(absmax: torch.Tensor, code: torch.Tensor, out_features: int, in_f
 
 
 class QuantLinear(nn.Module):
-    """A linear layer whose weight is stored as NF4 or int8 (buffers named by `quant_entries`)."""
+    """A linear layer whose weight is stored as NF4 (buffers named by `quant_entries`)."""
 
     def __init__(self, kind: str, in_features: int, out_features: int, bias: Optional[torch.Tensor],
                  dtype: torch.dtype, device: torch.device):
@@ -92,14 +81,10 @@ class QuantLinear(nn.Module):
             self._parameters["bias"] = nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "nf4":
-            import bitsandbytes as bnb
+        import bitsandbytes as bnb
 
-            state = _nf4_state(self.absmax, self.code, self.out_features, self.in_features, x.dtype)
-            return bnb.matmul_4bit(x, self.qweight.t(), quant_state=state, bias=self.bias)  # (..., out)
-        weight = dequantize_weight(self.kind, {"CB": self.CB, "SCB": self.SCB}, self.out_features,
-                                   self.in_features, x.dtype)  # (out, in) in the compute dtype
-        return F.linear(x, weight, self.bias)
+        state = _nf4_state(self.absmax, self.code, self.out_features, self.in_features, x.dtype)
+        return bnb.matmul_4bit(x, self.qweight.t(), quant_state=state, bias=self.bias)  # (..., out)
 
     def extra_repr(self) -> str:
         return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"

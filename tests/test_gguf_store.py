@@ -1,0 +1,303 @@
+"""A GGUF stays in its own ggml blocks: conversion into the weight store, exact weights, loading (resident and
+streamed), losslessness of speculation, damage detection, interrupted conversions and early refusals.
+
+Tier 2: tiny random GGUFs written by tests/tiny_gguf.py (Q4_K/Q6_K like a Q4_K_M file, plus other types)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import offspec
+from offspec import OffspecError
+from offspec.convert import MANIFEST, converted_dir, ensure_converted, gguf_key, verify_entry
+from offspec.formats import kernels
+from offspec.formats.dequant import dequantize as torch_dequantize
+from offspec.formats.ggml import KERNEL_TYPES
+from offspec.formats.modules import QEmbedding, QLinear
+from tiny_gguf import save_tiny_gguf
+
+LOAD = dict(max_context=256, max_budget=64)
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory) -> dict:
+    """Tiny GGUF targets and drafts (drafts: the target's weights plus noise), per architecture, and variants."""
+    root = tmp_path_factory.mktemp("ggufs")
+    out = {}
+    for arch in ("qwen2", "llama"):
+        out[arch] = save_tiny_gguf(root / f"{arch}-target.gguf", arch, seed=0, layers=8)
+        out[arch + "-draft"] = save_tiny_gguf(root / f"{arch}-draft.gguf", arch, seed=0, layers=8, noise=0.002)
+    out["other-seed"] = save_tiny_gguf(root / "other-seed.gguf", "qwen2", seed=7, layers=4)
+    out["tied"] = save_tiny_gguf(root / "tied.gguf", "llama", seed=2, tied=True)
+    out["legacy"] = save_tiny_gguf(root / "legacy.gguf", "qwen2", seed=3, types={
+        "linear": "Q5_0", "down": "Q4_1", "v": "Q8_0", "embed": "Q5_1", "output": "Q4_0"})
+    return out
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(root))
+    return root
+
+
+def _entry(gguf: Path) -> Path:
+    return converted_dir(gguf_key(gguf))
+
+
+def _float_reference(gguf: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+
+
+def _lowbit(model) -> dict:
+    return {n: m for n, m in model.named_modules() if isinstance(m, (QLinear, QEmbedding))}
+
+
+# --- conversion ----------------------------------------------------------------------------------
+
+
+def test_conversion_keeps_the_gguf_blocks_at_the_gguf_size(cache, ggufs):
+    import gguf as gguf_py
+
+    events = []
+    entry = ensure_converted(ggufs["qwen2"], key=gguf_key(ggufs["qwen2"]), source="test", progress=events.append)
+    manifest = json.loads((entry / MANIFEST).read_text())
+    assert manifest["weights"] == "ggml" and set(manifest["types"]) == {"Q4_K", "Q6_K"}
+    assert any("kept as they are" in e.message for e in events)
+    reader = gguf_py.GGUFReader(str(ggufs["qwen2"]))
+    quantized = sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type.name != "F32")
+    assert sum(manifest["types"].values()) == quantized  # every block stored once, as it is
+    store = sum(f.stat().st_size for f in (entry / "weights").iterdir())
+    files = len(list((entry / "weights").glob("*.bin")))
+    assert store <= ggufs["qwen2"].stat().st_size + files * 3 * 4096  # the GGUF's bytes plus headers and padding
+    assert verify_entry(entry) is None and verify_entry(entry, deep=True) is None
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama", "tied", "legacy"])
+def test_stored_weights_are_bitwise_what_transformers_reads(cache, ggufs, name):
+    gen = offspec.load(str(ggufs[name]), str(ggufs[name]), budget=4, **LOAD)
+    model = gen.engine.target.model
+    reference = _float_reference(ggufs[name]).state_dict()
+    lowbit = _lowbit(model)
+    assert len(lowbit) >= 7  # every linear layer, the token table and the LM head
+    for module_name, module in lowbit.items():
+        cols = module.in_features if isinstance(module, QLinear) else module.embedding_dim
+        weight = kernels.dequantize_rows(module.qweight.cpu(), module.type_id, cols)
+        assert torch.equal(weight, reference[module_name + ".weight"]), module_name  # llama: q/k rows reordered
+    if name == "tied":
+        assert model.get_output_embeddings().qweight is model.get_input_embeddings().qweight
+    assert gen.info.extra["placement"]["weight_formats"]
+
+
+def _reference_linear(x, qweight, type_id, cols, bias=None):
+    """The kernels' arithmetic in float64: exact weights, activations rounded to 8 bits per block of 32."""
+    w = torch_dequantize(qweight, type_id, cols).double()
+    xd = x.double().reshape(-1, cols)
+    if KERNEL_TYPES[type_id].name not in ("F32", "F16", "BF16", "Q2_K", "Q3_K"):
+        blocks = xd.float().reshape(xd.shape[0], -1, 32)
+        d = blocks.abs().amax(-1, keepdim=True) / 127
+        inv = torch.where(d != 0, 1 / torch.where(d == 0, torch.ones_like(d), d), torch.zeros_like(d))
+        xd = (torch.round(blocks * inv) * d).double().reshape(xd.shape)
+    y = xd @ w.T
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama", "legacy"])
+def test_every_low_bit_layer_computes_the_reference_arithmetic_on_its_inputs(cache, ggufs, name):
+    """Inside the real forward pass, each QLinear's output equals a float64 reference of the kernels' arithmetic
+    applied to the input it actually got (layer by layer: no amplification through depth)."""
+    gen = offspec.load(str(ggufs[name]), str(ggufs[name]), budget=4, **LOAD)
+    model = gen.engine.target.model
+    checked = []
+
+    def check(module, args, output):
+        want = _reference_linear(args[0], module.qweight, module.type_id, module.in_features, module.bias)
+        torch.testing.assert_close(output, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        checked.append(module)
+
+    hooks = [m.register_forward_hook(check) for m in model.modules() if isinstance(m, QLinear)]
+    with torch.no_grad():
+        model(torch.tensor([[5, 9, 33, 70, 71, 72, 100, 3, 44, 120, 7]]))
+    for h in hooks:
+        h.remove()
+    assert len(checked) == sum(isinstance(m, QLinear) for m in model.modules())
+
+
+def test_a_shallow_model_computes_the_reference_end_to_end(cache, ggufs, monkeypatch):
+    gen = offspec.load(str(ggufs["legacy"]), str(ggufs["legacy"]), budget=4, **LOAD)  # 2 layers
+    model = gen.engine.target.model
+    ids = torch.tensor([[5, 9, 33, 70, 71, 72, 100, 3, 44, 120, 7]])
+    with torch.no_grad():
+        got = model(ids).logits
+        monkeypatch.setattr(kernels, "linear", _reference_linear)
+        want = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * want.abs().max().item())
+
+
+# --- losslessness --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_speculative_greedy_equals_the_target_alone_resident_and_streamed(cache, ggufs, arch, tmp_path):
+    target, draft = str(ggufs[arch]), str(ggufs[arch + "-draft"])
+    resident = offspec.load(target, draft, **LOAD)
+    plain = resident.generate("Hello there", max_new_tokens=48, speculate=False)
+    with pytest.raises(OffspecError) as info:  # the smallest budget offspec accepts streams every layer
+        offspec.load(target, draft, device_mem="1KB", offload_dir=str(tmp_path), **LOAD)
+    budget = re.search(r"--device-mem (\S+)", str(info.value))[1]
+    streamed = offspec.load(target, draft, device_mem=budget, offload_dir=str(tmp_path), **LOAD)
+    placement = streamed.info.extra["placement"]
+    assert placement["layers"]["ssd"] >= 1 and placement["quant"] == "ggml"
+    assert streamed.generate("Hello there", max_new_tokens=48, speculate=False).token_ids == plain.token_ids
+    accepted = 0
+    for gen in (resident, streamed):
+        for nodes in (1, 8, 64):
+            result = gen.generate("Hello there", max_new_tokens=48, budget=nodes)
+            assert result.token_ids == plain.token_ids, (gen is streamed, nodes)
+            accepted += sum(p.accepted for p in result.passes)
+    assert accepted > 0  # the draft was right often enough to exercise acceptance
+    streamed.engine.target.io.close()
+
+
+def test_multi_turn_on_a_gguf_pair_reuses_the_cache_and_matches_a_fresh_run(cache, ggufs):
+    gen = offspec.load(str(ggufs["qwen2"]), str(ggufs["qwen2-draft"]), **LOAD)
+    first = gen.generate([{"role": "user", "content": "Hi"}], max_new_tokens=12, budget=8)
+    turn = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "More"}]
+    again = gen.generate(turn, max_new_tokens=12, budget=8)
+    fresh = offspec.load(str(ggufs["qwen2"]), str(ggufs["qwen2-draft"]), **LOAD)
+    assert fresh.generate(turn, max_new_tokens=12, speculate=False).token_ids == again.token_ids
+
+
+# --- damage, old entries, interrupts -------------------------------------------------------------
+
+
+def _output(gguf: Path) -> list[int]:
+    return offspec.load(str(gguf), str(gguf), budget=4, **LOAD).generate("abc", max_new_tokens=12).token_ids
+
+
+@pytest.mark.parametrize("victim", ["weights/layer-0001.bin", "weights/other.bin", "weights/embed.bin",
+                                    "config.json"])
+def test_damaged_content_of_the_right_size_is_found_and_rebuilt(cache, ggufs, victim):
+    want = _output(ggufs["qwen2"])
+    path = _entry(ggufs["qwen2"]) / victim
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = os.urandom(64)  # same size, new content
+    path.write_bytes(bytes(data))
+    assert "damaged" in verify_entry(_entry(ggufs["qwen2"]))
+    events = []
+    gen = offspec.load(str(ggufs["qwen2"]), str(ggufs["qwen2"]), budget=4, progress=events.append, **LOAD)
+    assert any("unusable" in e.message and "rebuilding" in e.message for e in events)
+    assert gen.generate("abc", max_new_tokens=12).token_ids == want
+
+
+def test_damage_that_keeps_the_mtime_is_caught_by_the_layer_checksums(cache, ggufs):
+    want = _output(ggufs["qwen2"])
+    path = _entry(ggufs["qwen2"]) / "weights" / "layer-0002.bin"
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[4096 + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the manifest's size and mtime still match
+    events = []
+    gen = offspec.load(str(ggufs["qwen2"]), str(ggufs["qwen2"]), budget=4, progress=events.append, **LOAD)
+    assert any("damaged" in e.message and "rebuilding now" in e.message for e in events)
+    assert gen.generate("abc", max_new_tokens=12).token_ids == want
+
+
+def test_an_old_float32_entry_is_removed(cache, ggufs):
+    old = _entry(ggufs["qwen2"]).with_name(_entry(ggufs["qwen2"]).name + "-float32")
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"\0" * 1000)
+    events = []
+    ensure_converted(ggufs["qwen2"], key=gguf_key(ggufs["qwen2"]), source="test", progress=events.append)
+    assert not old.exists() and any("old float cache entry" in e.message for e in events)
+
+
+def test_an_interrupted_conversion_leaves_no_temp_and_dead_temps_are_removed(cache, ggufs, monkeypatch):
+    from offspec.offload import packed
+
+    real = packed.write_layer
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(packed, "write_layer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_converted(ggufs["qwen2"], key=gguf_key(ggufs["qwen2"]), source="test")
+    models = cache / "models"
+    assert [p.name for p in models.iterdir()] == []  # nothing half-written is left
+    monkeypatch.setattr(packed, "write_layer", real)
+    dead = models / f".x.tmp-{2**22 + 12345}-abcd"  # a pid that does not exist (above the default pid_max)
+    alive = models / f".y.tmp-{os.getppid()}-abcd"  # a live process's temp: not ours to remove
+    for d in (dead, alive):
+        d.mkdir()
+        (d / "layer-0000.bin").write_bytes(b"x" * 100)
+    ensure_converted(ggufs["qwen2"], key=gguf_key(ggufs["qwen2"]), source="test")
+    assert not dead.exists() and alive.exists()
+
+
+# --- early refusals ------------------------------------------------------------------------------
+
+
+def test_a_truncated_gguf_is_one_line_that_says_so(cache, ggufs, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    data = ggufs["qwen2"].read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(OffspecError) as info:
+        offspec.load(str(cut), str(cut), **LOAD)
+    message = str(info.value)
+    assert "\n" not in message and "truncated or damaged" in message and "download it again" in message
+
+
+def test_a_draft_with_another_tokenizer_is_refused_before_any_conversion(cache, ggufs, tmp_path):
+    other = save_tiny_gguf(tmp_path / "wide.gguf", "qwen2", seed=1, vocab_extra=16)
+    with pytest.raises(OffspecError, match="does not share the tokenizer"):
+        offspec.load(str(ggufs["qwen2"]), str(other), **LOAD)
+    assert not (cache / "models").exists() or not any((cache / "models").iterdir())  # nothing was converted
+
+
+def test_quant_flags_on_a_gguf_and_nf4_on_a_cpu_are_refused_before_loading(cache, ggufs, tiny_dirs):
+    with pytest.raises(OffspecError, match="keeps its own quantization"):
+        offspec.load(str(ggufs["qwen2"]), str(ggufs["qwen2"]), quant="int8", **LOAD)
+    target, draft = tiny_dirs[("qwen2", 0)]
+    with pytest.raises(OffspecError, match="nf4 needs a CUDA GPU"):
+        offspec.load(str(target), str(draft), quant="nf4", **LOAD)
+    assert not (cache / "models").exists()
+
+
+def test_a_tensor_type_without_a_kernel_is_stored_decoded_with_a_note(cache, tmp_path):
+    import gguf as gguf_py
+
+    from tiny_gguf import random_blocks
+
+    src = save_tiny_gguf(tmp_path / "iq.gguf", "qwen2", seed=4, types={"v": "IQ4_NL"})
+    events = []
+    entry = ensure_converted(src, key=gguf_key(src), source="test", progress=events.append)
+    assert any("IQ4_NL tensors have no offspec kernel" in e.message for e in events)
+    gen = offspec.load(str(src), str(src), budget=4, **LOAD)
+    v_proj = gen.engine.target.model.model.layers[0].self_attn.v_proj
+    assert KERNEL_TYPES[v_proj.type_id].name == "F32"
+    reader = {t.name: t for t in gguf_py.GGUFReader(str(src)).tensors}["blk.0.attn_v.weight"]
+    want = gguf_py.dequantize(reader.data, reader.tensor_type).reshape(v_proj.out_features, v_proj.in_features)
+    assert torch.equal(kernels.dequantize_rows(v_proj.qweight, v_proj.type_id, v_proj.in_features),
+                       torch.from_numpy(np.ascontiguousarray(want)))
+    assert json.loads((entry / MANIFEST).read_text())["notes"]
+    del random_blocks
