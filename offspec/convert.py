@@ -329,17 +329,17 @@ def ensure_converted(gguf: Path, *, key: str, source: str, name: Optional[str] =
         shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(exc, Exception):
             raise
-        raise OffspecError(f"cannot convert {gguf}: {_reason(exc, gguf)}") from exc
+        raise OffspecError(f"cannot convert {gguf}: {failure_reason(exc)}") from exc
     progress(ProgressEvent("convert", f"converted {name}", finished=True))
     return dest
 
 
-def _reason(exc: BaseException, gguf: Path) -> str:
+def failure_reason(exc: BaseException) -> str:
     """One line for a failed conversion; a truncated or damaged GGUF says so."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, OSError) and exc.errno is not None:
         return f"{exc.strerror or text}; free disk space or choose another cache dir (OFFSPEC_CACHE_DIR)"
-    damaged = ("reshape", "buffer", "unpack", "out of bounds", "truncat", "index", "offset", "mmap length")
+    damaged = ("reshape", "buffer", "unpack requires", "unpack", "out of bounds", "truncat", "index", "offset", "mmap length")
     if isinstance(exc, (ValueError, IndexError, KeyError, EOFError)) and any(w in text.lower() for w in damaged):
         return (f"the file looks truncated or damaged ({text}); download it again, or check it against its "
                 f"published checksum")

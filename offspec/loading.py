@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .convert import MANIFEST, quiet_transformers, verify_entry
+from .convert import MANIFEST, failure_reason, quiet_transformers, verify_entry
 from .errors import OffspecError
 from .progress import ProgressEvent, ProgressFn, no_progress
 from .sources import ResolvedModel, convert_located, locate_model
@@ -98,8 +98,8 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
         with quiet_transformers():
             return AutoTokenizer.from_pretrained(where, **kwargs)
     except Exception as exc:
-        raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: "
-                           f"{_reason(exc)}") from exc
+        reason = failure_reason(exc) if "gguf_file" in kwargs else _reason(exc)
+        raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: {reason}") from exc
 
 
 def load_model(resolved: ResolvedModel, *, device: Union[torch.device, str], dtype: torch.dtype,
