@@ -191,9 +191,11 @@ def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
             if not req.stream:
                 async for result in events:
                     pass
-        except Exception as exc:
+        except BaseException as exc:  # a refused prompt, a shutdown, or this request task cancelled
             engine.withdraw(job)
-            raise _engine_error(exc) from None
+            if isinstance(exc, Exception):
+                raise _engine_error(exc) from None
+            raise
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
