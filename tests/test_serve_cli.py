@@ -7,34 +7,37 @@ import socket
 
 import openai
 
+from offspec.cli import main
 from serving import cli_server
 from test_cli import run
 
 
-def one_error_line(proc) -> str:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, proc.stderr
+def one_error_line(capsys, *args) -> str:
+    """`offspec serve ARGS` in this process (the entry point main.py calls): exit 2 and one `error:` line."""
+    assert main(["serve", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
     return lines[0]
 
 
-def test_a_public_host_needs_a_key_and_is_refused_before_loading():
+def test_a_public_host_needs_a_key_and_is_refused_before_loading(capsys):
     # the target does not exist: the host is refused before any model is looked at
-    line = one_error_line(run("serve", "--host", "0.0.0.0", "--target", "/nonexistent/model"))
+    line = one_error_line(capsys, "--host", "0.0.0.0", "--target", "/nonexistent/model")
     assert "without an API key" in line and "--api-key" in line and "--insecure" in line
-    line = one_error_line(run("serve", "--host", "0.0.0.0", "--insecure", "--port", "0", "--target", "/nonexistent/model"))
+    line = one_error_line(capsys, "--host", "0.0.0.0", "--insecure", "--port", "0", "--target", "/nonexistent/model")
     assert "without an API key" not in line and "/nonexistent/model" in line  # past the host check, at loading
 
 
-def test_a_port_in_use_and_a_bad_queue_size_are_one_line_errors():
+def test_a_port_in_use_and_a_bad_queue_size_are_one_line_errors(capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        line = one_error_line(run("serve", "--port", str(port), "--target", "/nonexistent/model"))
+        line = one_error_line(capsys, "--port", str(port), "--target", "/nonexistent/model")
     assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line
-    assert "queue size" in one_error_line(run("serve", "--queue-size", "-1", "--target", "/nonexistent/model"))
+    assert "queue size" in one_error_line(capsys, "--queue-size", "-1", "--target", "/nonexistent/model")
 
 
 def test_the_cli_server_answers_like_generate_and_stops_on_ctrl_c(tiny_dirs):

@@ -52,13 +52,16 @@ def _serve(args: argparse.Namespace) -> int:
     config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
                          max_waiting=args.max_waiting, model_name=args.model_name).validate()
     sock = bind(config.host, config.port)  # before loading: a port in use is known at once
-    generator = offspec.load(progress=TqdmProgress(), **load_options(args))
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
-    logging.getLogger("offspec.serve").setLevel(logging.INFO)  # one JSON line per request
-    app = create_app(generator, config)
-    sock.listen(128)
-    model = config.model_name or generator.info.target
-    key = "API key required" if config.api_key else "no API key"
-    print(f"offspec serve: {model} at {address(sock)}/v1 ({key}; Ctrl-C stops)", file=sys.stderr, flush=True)
-    Server(app, config).run(sockets=[sock])
+    try:
+        generator = offspec.load(progress=TqdmProgress(), **load_options(args))
+        logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+        logging.getLogger("offspec.serve").setLevel(logging.INFO)  # one JSON line per request
+        app = create_app(generator, config)
+        sock.listen(128)
+        model = config.model_name or generator.info.target
+        key = "API key required" if config.api_key else "no API key"
+        print(f"offspec serve: {model} at {address(sock)}/v1 ({key}; Ctrl-C stops)", file=sys.stderr, flush=True)
+        Server(app, config).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
