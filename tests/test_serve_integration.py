@@ -5,12 +5,14 @@ Only CLI flags are used (no paths or weight formats): the test holds whatever `o
 
 import json
 import signal
+import subprocess
+import sys
 
 import openai
 import pytest
 
 from serving import cli_server
-from test_cli import run
+from test_cli import ROOT
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
 OPTIONS = ["--budget", "8", "--max-context", "1024", "--max-budget", "64"]
@@ -18,7 +20,8 @@ OPTIONS = ["--budget", "8", "--max-context", "1024", "--max-budget", "64"]
 
 @pytest.mark.integration
 def test_default_pair_greedy_through_the_server_equals_generate_token_for_token():
-    generated = run("generate", *OPTIONS, "--json", "--max-new-tokens", "48", PROMPT)
+    generated = subprocess.run([sys.executable, str(ROOT / "main.py"), "generate", *OPTIONS, "--json",
+                                "--max-new-tokens", "48", PROMPT], capture_output=True, text=True, timeout=1800)
     assert generated.returncode == 0, generated.stderr
     expected = json.loads(generated.stdout)
     assert len(expected["token_ids"]) == 48
