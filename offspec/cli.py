@@ -1,4 +1,5 @@
-"""The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat, bench, profile, plan.
+"""The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat, serve, bench, profile,
+plan.
 
 Errors a user can fix are one line on stderr (exit 2); Ctrl-C stops cleanly (exit 130).
 """
@@ -142,6 +143,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("plan", help="project tokens/s for hardware you do not have (see `offspec plan --help`)",
                    add_help=False)
 
+    sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the models (see `offspec serve --help`)",
+                   add_help=False)
+
     c = sub.add_parser("chat", help="the terminal chat")
     _add_model_args(c)
     c.add_argument("--data-dir", help="where chat history lives (default: XDG data dir)")
@@ -211,7 +215,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _delegated(argv: list[str]):
-    """Sub-commands with their own parsers: `setup`, `profile`, `plan` and `bench offload`."""
+    """Sub-commands with their own parsers: `setup`, `profile`, `plan`, `serve` and `bench offload`."""
     if argv[:1] == ["setup"]:
         from .setup_cli import setup_main
 
@@ -224,6 +228,10 @@ def _delegated(argv: list[str]):
         from .profile.cli import plan_main
 
         return lambda: plan_main(argv[1:])
+    if argv[:1] == ["serve"]:
+        from .serve.cli import serve_main
+
+        return lambda: serve_main(argv[1:])
     if argv[:2] == ["bench", "offload"]:
         from .offload.bench import main as offload_bench_main
 

@@ -34,11 +34,23 @@ class Generator:
         self._lock = threading.Lock()  # one generation at a time: the caches are shared state
 
     # --- text <-> tokens -------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Raw text -> token ids, without the chat template (a plain completion prompt)."""
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
     def encode(self, prompt: Prompt) -> list[int]:
-        """A string is sent as one user message through the chat template (when the tokenizer has one)."""
+        """A string is sent as one user message through the chat template (when the tokenizer has one);
+        a sequence of token ids is used as it is."""
+        if isinstance(prompt, (list, tuple)) and not prompt:
+            raise OffspecError("the prompt is empty; give at least one message or token")
+        if _is_token_ids(prompt):
+            vocab = len(self.tokenizer)
+            if not all(0 <= t < vocab for t in prompt):
+                raise OffspecError(f"token ids must be in [0, {vocab}); the prompt holds one outside that range")
+            return [int(t) for t in prompt]
         if isinstance(prompt, str):
             if not getattr(self.tokenizer, "chat_template", None):
-                return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+                return self.tokenize(prompt)
             prompt = [{"role": "user", "content": prompt}]
         try:
             messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
@@ -146,6 +158,11 @@ class Generator:
         passes = [replace(p, tree=None) for p in passes[:-1]] + passes[-1:]
         yield GenerationResult(text=text, token_ids=out, passes=passes, seconds=time.perf_counter() - start,
                                stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused)
+
+
+def _is_token_ids(prompt: Prompt) -> bool:
+    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:

@@ -108,7 +108,7 @@ class TextDelta:
 StreamEvent = Union[TextDelta, GenerationResult]  # a stream yields TextDelta..., then one GenerationResult
 
 Messages = Sequence[dict]  # [{"role": "user", "content": "..."}, ...]
-Prompt = Union[str, Messages]
+Prompt = Union[str, Messages, Sequence[int]]  # text (through the chat template), chat messages, or token ids
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,218 @@
+"""The OpenAI request bodies `offspec serve` accepts, and OpenAI's error shape.
+
+`parse_chat` / `parse_completion` turn a request body into a `GenerationRequest` (what the engine runs) or
+raise `APIError` (a 400 with OpenAI's error JSON). Every request field is either supported, accepted only at
+the value that changes nothing (`presence_penalty: 0`, `logprobs: false`, ...), or refused with a 400 that
+names it: nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..config import GenerationConfig, SamplingConfig
+from ..errors import OffspecError
+
+OPENAI_TEMPERATURE = 1.0  # OpenAI's default when a request gives none (offspec's own CLI default is greedy)
+OPENAI_COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+
+
+class APIError(Exception):
+    """An HTTP error answered with OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One parsed request: what the engine runs and how the answer is shaped."""
+
+    model: str
+    chat: bool  # /v1/chat/completions (messages through the chat template) or /v1/completions (raw prompt)
+    prompt: Any  # chat: [{"role", "content"}, ...]; completions: the raw text, or a list of token ids
+    options: dict = field(default_factory=dict)  # Generator.stream keywords (max_new_tokens, temperature, ...)
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
+    return_token_ids: bool = False  # an extension (as vLLM's): the completion's token ids in the choice
+    user: Optional[str] = None  # OpenAI's end-user id; written to the request's log line
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: Optional[bool] = None
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)  # extras are checked against _NEUTRAL below
+
+    model: str
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None  # not OpenAI's: the extension vLLM and llama.cpp also accept
+    seed: Optional[int] = Field(None, ge=-(2 ** 63), le=2 ** 64 - 1)
+    stop: Union[str, list[str], None] = None
+    n: Optional[int] = None
+    stream: Optional[bool] = None
+    stream_options: Optional[_StreamOptions] = None
+    user: Optional[str] = None
+    return_token_ids: Optional[bool] = None
+
+
+class _ChatBody(_Common):
+    messages: list[Any]
+    max_completion_tokens: Optional[int] = None
+
+
+class _CompletionBody(_Common):
+    prompt: Any
+
+
+# OpenAI fields accepted only at a value that changes nothing (and null, always such a value)
+_NEUTRAL_COMMON: dict[str, tuple] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
+    "service_tier": ("auto", "default"), "store": (False,), "metadata": ({},),
+}
+_NEUTRAL_CHAT = {**_NEUTRAL_COMMON, "logprobs": (False,), "top_logprobs": (0,), "tools": ([],),
+                 "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+                 "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},)}
+_NEUTRAL_COMPLETION = {**_NEUTRAL_COMMON, "echo": (False,), "best_of": (1,), "suffix": ("",), "logprobs": ()}
+_HINTS = {  # what offspec serve would need for the refused values
+    "tools": "tool calling is not supported", "tool_choice": "tool calling is not supported",
+    "functions": "function calling is not supported", "function_call": "function calling is not supported",
+    "logprobs": "log-probabilities are not returned", "top_logprobs": "log-probabilities are not returned",
+    "echo": "the prompt is not echoed", "best_of": "one candidate is generated", "suffix": "insertion is not supported",
+    "response_format": "only plain text output is supported",
+}
+_EXPECTED = {"stop": "a string or a list of strings", "seed": "an integer within 64 bits",
+             "stream_options": 'an object like {"include_usage": true}'}
+
+
+def _param(loc: tuple) -> str:
+    return str(loc[0]) if loc else "body"
+
+
+def _validate(cls: type[BaseModel], body: bytes) -> BaseModel:
+    try:
+        return cls.model_validate_json(body)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        if error["type"] == "json_invalid":
+            raise APIError(400, f"the request body is not valid JSON ({error['msg']})") from None
+        if error["type"] == "model_type":
+            raise APIError(400, "the request body must be a JSON object") from None
+        param = _param(error["loc"])
+        if error["type"] == "missing":
+            raise APIError(400, f"missing required parameter: '{param}'", param=param) from None
+        expected = _EXPECTED.get(param)
+        message = f"expected {expected}" if expected else error["msg"]
+        raise APIError(400, f"invalid value for '{param}': {message}", param=param) from None
+
+
+def _check_extras(parsed: BaseModel, neutral: dict[str, tuple]) -> None:
+    for name, value in (parsed.model_extra or {}).items():
+        if name not in neutral:
+            raise APIError(400, f"unrecognized request argument supplied: {name}", param=name)
+        if value is not None and not any(value == v and type(value) is type(v) for v in neutral[name]):
+            allowed = " or ".join(json.dumps(v) for v in neutral[name] + (None,))
+            hint = _HINTS.get(name, "offspec serve does not implement it")
+            raise APIError(400, f"unsupported value for '{name}': {json.dumps(value)} ({hint}; only {allowed} "
+                                f"is accepted)", param=name)
+
+
+def _options(body: _Common, max_tokens: Optional[int], default_max_tokens: int) -> dict:
+    """Generator.stream keywords, validated by the same configs as the CLI and the Python API."""
+    if body.n not in (None, 1):
+        raise APIError(400, f"unsupported value for 'n': {body.n} (offspec serve generates one choice per "
+                            f"request; send n=1 or leave it out)", param="n")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if any(not s for s in stop):
+        raise APIError(400, "invalid value for 'stop': stop strings must not be empty", param="stop")
+    options = dict(max_new_tokens=max_tokens if max_tokens is not None else default_max_tokens,
+                   temperature=OPENAI_TEMPERATURE if body.temperature is None else body.temperature,
+                   top_p=1.0 if body.top_p is None else body.top_p,
+                   top_k=0 if body.top_k is None else body.top_k, seed=body.seed, stop=tuple(stop))
+    try:
+        SamplingConfig(temperature=options["temperature"], top_p=options["top_p"], top_k=options["top_k"],
+                       seed=options["seed"]).validate()
+        GenerationConfig(max_new_tokens=options["max_new_tokens"], stop=options["stop"]).validate()
+    except OffspecError as exc:
+        raise APIError(400, str(exc)) from None
+    return options
+
+
+def _request(body: _Common, *, chat: bool, prompt: Any, max_tokens: Optional[int],
+             default_max_tokens: int) -> GenerationRequest:
+    options = _options(body, max_tokens, default_max_tokens)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "'stream_options' is only allowed with stream: true", param="stream_options")
+    return GenerationRequest(model=body.model, chat=chat, prompt=prompt, options=options, stream=bool(body.stream),
+                             include_usage=include_usage, return_token_ids=bool(body.return_token_ids),
+                             user=body.user)
+
+
+def _message(i: int, message: Any) -> dict:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise APIError(400, f"{where} must be an object with 'role' and 'content'", param="messages")
+    extra = set(message) - {"role", "content"}
+    if extra:
+        raise APIError(400, f"{where}: unsupported field(s) {', '.join(sorted(extra))} (offspec serve takes "
+                            f"'role' and 'content')", param="messages")
+    role, content = message.get("role"), message.get("content")
+    if role not in ("system", "user", "assistant"):
+        raise APIError(400, f"{where}.role must be system, user or assistant, got {role!r}", param="messages")
+    if isinstance(content, list):  # content parts: only text
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise APIError(400, f"{where}.content: only text parts are supported, got {kind!r}",
+                               param="messages")
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    if not isinstance(content, str):
+        raise APIError(400, f"{where}.content must be a string or a list of text parts", param="messages")
+    return {"role": role, "content": content}
+
+
+def parse_chat(body: bytes, *, default_max_tokens: int) -> GenerationRequest:
+    """A /v1/chat/completions body. Without max_tokens the reply may run to the end of the context."""
+    parsed = _validate(_ChatBody, body)
+    _check_extras(parsed, _NEUTRAL_CHAT)
+    if not isinstance(parsed.messages, list) or not parsed.messages:
+        raise APIError(400, "'messages' must be a non-empty list", param="messages")
+    messages = [_message(i, m) for i, m in enumerate(parsed.messages)]
+    given = {parsed.max_tokens, parsed.max_completion_tokens} - {None}  # OpenAI's old and new name
+    if len(given) > 1:
+        raise APIError(400, "'max_tokens' and 'max_completion_tokens' differ; send one of them",
+                       param="max_completion_tokens")
+    max_tokens = given.pop() if given else None
+    return _request(parsed, chat=True, prompt=messages, max_tokens=max_tokens, default_max_tokens=default_max_tokens)
+
+
+def parse_completion(body: bytes) -> GenerationRequest:
+    """A /v1/completions body: one prompt (text, or token ids), sent as it is (no chat template)."""
+    parsed = _validate(_CompletionBody, body)
+    _check_extras(parsed, _NEUTRAL_COMPLETION)
+    prompt = parsed.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    is_ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) or is_ids):
+        raise APIError(400, "'prompt' must be a string, a list of token ids, or a list holding one of them "
+                            "(offspec serve runs one prompt per request)", param="prompt")
+    return _request(parsed, chat=False, prompt=prompt, max_tokens=parsed.max_tokens,
+                    default_max_tokens=OPENAI_COMPLETION_MAX_TOKENS)
