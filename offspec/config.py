@@ -8,6 +8,8 @@ from typing import Any, Optional
 from .errors import OffspecError
 
 AUTO_BUDGET = "auto"  # budget="auto", the default: planned for this machine and model pair (offspec.profile)
+NO_DRAFT = "none"  # draft="none": no draft model; the target speculates with suffix drafts alone
+DRAFTERS = ("model", "suffix", "hybrid")  # who proposes the tree: the draft model, the suffix index, or both merged
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,9 @@ class TreeConfig:
     max_beams: int = 0  # nodes expanded per draft step, in one batched draft forward; 0 = auto (see `beams`)
     branch: int = 8  # children added per expanded node (the draft's top-k)
     max_depth: int = 32  # nodes deeper than this are never expanded
+    # who proposes the tree: "model" (the draft model), "suffix" (continuations of text already seen), "hybrid"
+    # (both merged under one budget); None = hybrid when a draft model is loaded, else suffix (set at load)
+    drafter: Optional[str] = None
 
     @property
     def beams(self) -> int:
@@ -32,12 +37,40 @@ class TreeConfig:
                 auto = " or auto" if name == "budget" else ""
                 raise OffspecError(f"{name} must be a positive integer{auto}, got {value!r}; "
                                    f"pass e.g. --{name.replace('_', '-')} 64")
+        if self.drafter is not None and self.drafter not in DRAFTERS:
+            raise OffspecError(f"unknown drafter {self.drafter!r}; use {', '.join(DRAFTERS)}")
         return self
 
     @classmethod
     def chain(cls, depth: int = 5) -> "TreeConfig":
         """Classic speculative decoding: a single greedy draft chain of `depth` tokens."""
-        return cls(budget=depth, max_beams=1, branch=1, max_depth=depth)
+        return cls(budget=depth, max_beams=1, branch=1, max_depth=depth, drafter="model")
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """Model-free drafting from text already seen (SuffixDecoding-style): see `offspec.suffix_drafter`."""
+
+    key_length: int = 4  # the index maps every k-gram, k = 1..key_length, to where it occurred
+    max_match: int = 32  # a matching suffix is compared back at most this far
+    min_match: int = 1  # shorter matches propose nothing
+    max_occurrences: int = 256  # the most recent occurrences of a match that are counted
+    spec_factor: float = 4.0  # candidates reach at most spec_factor * match length deep (adaptive speculation)
+    prior_count: float = 1.0  # pseudo-occurrences that continue otherwise: one occurrence is not certainty
+    match_half: float = 2.0  # a match this many tokens long is trusted half (score factor m / (m + match_half))
+    confident_match: int = 8  # hybrid: a match this long whose best continuation ...
+    confident_share: float = 0.5  # ... follows at least this share of its occurrences skips the draft model
+    global_tokens: int = 65536  # bound of the session index over earlier generations (0 = none)
+
+    def validate(self) -> "SuffixConfig":
+        if self.key_length < 1 or self.max_match < self.key_length or self.min_match < 1:
+            raise OffspecError("suffix index: need key_length >= 1, max_match >= key_length and min_match >= 1")
+        if self.max_occurrences < 1 or self.spec_factor <= 0 or self.prior_count < 0 or self.match_half < 0:
+            raise OffspecError("suffix index: max_occurrences, spec_factor must be positive; prior_count and "
+                               "match_half must be >= 0")
+        if self.global_tokens < 0:
+            raise OffspecError(f"suffix index: global_tokens must be >= 0, got {self.global_tokens}")
+        return self
 
 
 @dataclass(frozen=True)
