@@ -166,3 +166,25 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
     draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                        progress=progress, tokenizer=draft_tok)
     return target, draft
+
+
+def load_target(target_spec: Optional[str], *, device: Union[torch.device, str], dtype: torch.dtype,
+                attn_implementation: str = "sdpa", progress: ProgressFn = no_progress,
+                offload: Any = None) -> LoadedModel:
+    """Resolve and load a target without a draft model (`--draft none`: suffix drafts only)."""
+    target_res = resolve_model(target_spec, "target", dtype=dtype, progress=progress)
+    target_tok = load_tokenizer(target_res)
+    handle = None
+    if offload is not None:  # the target's layers placed under the budgets of `offload`, nothing else resident
+        from .offload.model import load_offloaded
+
+        model, handle = load_offloaded(target_res, device=torch.device(device), dtype=dtype,
+                                       attn_implementation=attn_implementation, config=offload, progress=progress)
+        if model is not None:
+            target = LoadedModel(name=target_res.name, path=target_res.path, model=model, tokenizer=target_tok)
+            target.offload = handle
+            return target
+    target = load_model(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                        progress=progress, tokenizer=target_tok)
+    target.offload = handle
+    return target
