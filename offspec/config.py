@@ -23,6 +23,9 @@ class TreeConfig:
     # who proposes the tree: "model" (the draft model), "suffix" (continuations of text already seen), "hybrid"
     # (both merged under one budget); None = hybrid when a draft model is loaded, else suffix (set at load)
     drafter: Optional[str] = None
+    # a pass from a long, confident suffix match alone (no draft model step; see offspec/suffix_drafter.py) may
+    # propose up to this many nodes instead of `budget` (SuffixDecoding's adaptive speculation); 0 = `budget`
+    confident_budget: int = 32
 
     @property
     def beams(self) -> int:
@@ -31,9 +34,10 @@ class TreeConfig:
         return self.max_beams if self.max_beams > 0 else min(64, max(4, self.budget // 8))
 
     def validate(self) -> "TreeConfig":
-        for name in ("budget", "max_beams", "branch", "max_depth"):
+        for name in ("budget", "max_beams", "branch", "max_depth", "confident_budget"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value == 0 and name != "max_beams"):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (
+                    value == 0 and name not in ("max_beams", "confident_budget")):
                 auto = " or auto" if name == "budget" else ""
                 raise OffspecError(f"{name} must be a positive integer{auto}, got {value!r}; "
                                    f"pass e.g. --{name.replace('_', '-')} 64")
@@ -44,7 +48,7 @@ class TreeConfig:
     @classmethod
     def chain(cls, depth: int = 5) -> "TreeConfig":
         """Classic speculative decoding: a single greedy draft chain of `depth` tokens."""
-        return cls(budget=depth, max_beams=1, branch=1, max_depth=depth, drafter="model")
+        return cls(budget=depth, max_beams=1, branch=1, max_depth=depth, drafter="model", confident_budget=0)
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,9 @@ class SuffixConfig:
     spec_factor: float = 4.0  # candidates reach at most spec_factor * match length deep (adaptive speculation)
     prior_count: float = 1.0  # pseudo-occurrences that continue otherwise: one occurrence is not certainty
     match_half: float = 2.0  # a match this many tokens long is trusted half (score factor m / (m + match_half))
-    confident_match: int = 8  # hybrid: a match this long whose best continuation ...
-    confident_share: float = 0.5  # ... follows at least this share of its occurrences skips the draft model
+    confident_match: int = 8  # a match this long whose best continuation ...
+    confident_share: float = 0.5  # ... follows at least this share of its occurrences is confident: the hybrid
+    # skips the draft model, and the pass may propose up to TreeConfig.confident_budget nodes
     global_tokens: int = 65536  # bound of the session index over earlier generations (0 = none)
 
     def validate(self) -> "SuffixConfig":

@@ -110,9 +110,10 @@ class SpeculativeEngine:
             raise OffspecError("speculation needs a drafter")
         target, device = self.target, self.target.device
         T = target.length  # target cache slots in use; the root goes to slot T
-        budget = min(config.budget, self.max_budget, target.capacity - T - 1)
-        if budget < config.budget:
-            config = replace(config, budget=max(budget, 1))  # near the context limit: a smaller tree
+        room = min(self.max_budget, target.capacity - T - 1)  # tree nodes the target cache has slots for
+        if config.budget > room or config.confident_budget > room:  # near the context limit: a smaller tree
+            config = replace(config, budget=max(min(config.budget, room), 1),
+                             confident_budget=min(config.confident_budget, room))
 
         t0 = _clock(device)
         tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature)

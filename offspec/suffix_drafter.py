@@ -11,6 +11,9 @@ format as the model drafter. A node's score is a log-probability estimate from t
 (count: occurrences continuing along the node's path; m: the match length). It never increases along a
 path, so the tree is trimmed and merged exactly like a draft model's. Candidates reach at most
 `spec_factor * m` tokens deep: a long match speculates far, a short one a little (adaptive speculation).
+A long match whose best continuation is clear (`SuffixConfig.confident_match`, `confident_share`) may
+propose up to `TreeConfig.confident_budget` nodes instead of `budget`: copying code that was given is
+where long drafts pay, and the hybrid drafter then skips the draft model.
 Any tree is lossless (the target verifies every token), so these scores only decide what is proposed.
 """
 
@@ -22,7 +25,7 @@ from typing import Optional, Sequence
 import torch
 
 from .config import SuffixConfig, TreeConfig
-from .suffix_index import Continuations, Match, SuffixIndex, continuations
+from .suffix_index import Match, SuffixIndex, continuations
 from .tree import DraftTree
 
 
@@ -63,43 +66,54 @@ class SuffixDrafter:
             self.history = SuffixIndex(self.config.key_length, max_tokens=self.config.global_tokens)
 
     def propose(self, tokens: Sequence[int], config: TreeConfig, temperature: float = 0.0) -> DraftTree:
-        """A tree of at most `config.budget` continuations of the longest matching suffix of `tokens`."""
+        """At most `config.budget` continuations of the longest matching suffix of `tokens`; up to
+        `config.confident_budget` when the match is long and its best continuation clear (`confident`)."""
         self.conversation.extend(tokens[self.conversation.end :])  # the tokens committed since the last pass
-        tree = self._tree_for(config.budget)
-        tree.reset(int(tokens[-1]))
-        found = self.candidates(tokens, config.budget, config.max_depth)
-        self.confident = False
-        if found is None:
-            return tree
-        cont, m = found
+        occurrences, m = self._longest(tokens)
         c = self.config
+        self.confident = m >= c.confident_match and _top_share(occurrences) >= c.confident_share
+        budget = max(config.budget, config.confident_budget) if self.confident else config.budget
+        tree = self._tree_for(max(config.budget, config.confident_budget))
+        tree.reset(int(tokens[-1]))
+        if m < c.min_match:
+            return tree
+        depth = min(config.max_depth, max(1, math.ceil(c.spec_factor * m)))
+        cont = continuations(occurrences, budget, depth)
         confidence = math.log(m / (m + c.match_half))
         norm = math.log(cont.total + c.prior_count)
         scores = torch.tensor([math.log(k) - norm + confidence for k in cont.counts], dtype=torch.float32)  # (k,)
         parents = torch.tensor(cont.parents, dtype=torch.long) + 1  # (k,) the root is node 0
         tree.add_nodes(parents, torch.tensor(cont.tokens, dtype=torch.long), scores)
-        self.confident = m >= c.confident_match and cont.counts[0] >= c.confident_share * cont.total
         return tree
 
     def observe(self, accepted: list[int], n_committed: int) -> None:
         """Nothing to do: the committed tokens are indexed at the start of the next proposal."""
 
     # --- the search ------------------------------------------------------------------------------
-    def candidates(self, tokens: Sequence[int], budget: int, max_depth: int) -> Optional[tuple[Continuations, int]]:
-        """(the continuation tree, the match length) for the longest suffix of `tokens` found in the
-        conversation or the history (both, when they match equally long), or None when no match is long enough."""
+    def _longest(self, tokens: Sequence[int]) -> tuple[list[tuple[SuffixIndex, int]], int]:
+        """The (index, position) occurrences of the longest suffix of `tokens` found in the conversation or
+        the history (both, when they match equally long; the most recent `max_occurrences`), and its length."""
         c = self.config
         found = [(index, index.longest_match(tokens, c.max_match, c.max_occurrences))
                  for index in (self.history, self.conversation) if index is not None]
         m = max(match.length for _, match in found)
         occurrences = [(index, j) for index, match in found if match.length == m for j in match.positions]
+        occurrences = occurrences[-c.max_occurrences :]
         self.match = Match(m, tuple(j for _, j in occurrences))
-        if m < c.min_match:
-            return None
-        depth = min(max_depth, max(1, math.ceil(c.spec_factor * m)))
-        return continuations(occurrences[-c.max_occurrences :], budget, depth), m
+        return occurrences, m
 
     def _tree_for(self, budget: int) -> DraftTree:
         if self._tree is None or self._tree.capacity != budget + 1:
             self._tree = DraftTree(budget + 1, self.device)
         return self._tree
+
+
+def _top_share(occurrences: Sequence[tuple[SuffixIndex, int]]) -> float:
+    """The share of occurrences followed by their most common next token."""
+    if not occurrences:
+        return 0.0
+    counts: dict[int, int] = {}
+    for index, j in occurrences:
+        t = index.token(j)
+        counts[t] = counts.get(t, 0) + 1
+    return max(counts.values()) / len(occurrences)

@@ -86,8 +86,8 @@ class AdaptiveBudget:
                        drafter=best.drafter)
 
     def observe(self, stats: PassStats) -> None:
-        if stats.tree_size <= 0:  # not a speculative pass
-            return
+        if stats.tree_size <= 0 or stats.tree_size > stats.budget:  # not a speculative pass, or a confident suffix
+            return  # pass beyond the budget (TreeConfig.confident_budget): the curve is per budget
         depth = self.plan.best.max_depth
         predicted = min(self.acceptance(stats.budget, depth), float(stats.budget), float(depth))
         self.window.append((stats.accepted, predicted))

@@ -169,8 +169,10 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
     """Greedy speculative passes at max(budgets) with `drafter` on each prompt, each in a fresh session."""
     engine = generator.engine
     big = max(budgets)
+    # confident_budget 0: every pass proposes at most `big` nodes, so the top-B argument holds (the larger trees of
+    # confident suffix passes are left out of the curve: a conservative estimate for the planner)
     config = TreeConfig(budget=big, max_beams=0, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH,
-                        drafter=drafter)
+                        drafter=drafter, confident_budget=0)
     recorder = _Recorder(engine.drafter)
     chooser = TokenChooser(SamplingConfig(), engine.target.device)
     samples, depth_rows, ratios, seconds, model_ran = [], [], [], [], []
