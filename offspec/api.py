@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
 
 from .cpu_linear import speed_up_cpu_linears
-from .config import GenerationConfig, LoadConfig, TreeConfig, split_auto_budget, split_options
-from .drafter import TreeDrafter
+from .config import NO_DRAFT, GenerationConfig, LoadConfig, TreeConfig, split_auto_budget, split_options
 from .engine import SpeculativeEngine
 from .errors import OffspecError
 from .generator import Generator
+from .hybrid import build_drafter
 from .offload.config import OffloadConfig
 from .progress import ProgressEvent, ProgressFn, no_progress
 from .runner import ModelRunner
@@ -58,10 +59,12 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
          **options: Any) -> Generator:
     """Load a target and a draft model (None = the built-in default pair) and return a `Generator`.
 
+    `draft="none"`: no draft model; the target speculates with suffix drafts alone (any target).
     Options (by field name): LoadConfig (device, dtype, max_context, max_budget, attn_implementation),
-    TreeConfig (budget, max_beams, branch, max_depth) and GenerationConfig (max_new_tokens, speculate).
+    TreeConfig (budget, max_beams, branch, max_depth, drafter: model, suffix or hybrid; default hybrid
+    with a draft model, else suffix) and GenerationConfig (max_new_tokens, speculate).
     """
-    from .loading import load_pair  # heavy imports only when loading
+    from .loading import load_pair, load_target  # heavy imports only when loading
 
     progress = progress or no_progress
     options, auto_budget = split_auto_budget(options)  # budget="auto" (the default) is planned after loading
@@ -75,11 +78,17 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     offload = OffloadConfig.from_load_config(load_cfg)  # offloading budgets; bad sizes fail here, before loading
     device = resolve_device(load_cfg.device)
     dtype = resolve_dtype(load_cfg.dtype, device)
-    t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
-                     attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
+    if tree_cfg.drafter in ("model", "hybrid") and load_cfg.draft == NO_DRAFT:
+        raise OffspecError(f"drafter {tree_cfg.drafter} needs a draft model; drop --draft none or use --drafter suffix")
+    if load_cfg.draft == NO_DRAFT:
+        t, d = load_target(load_cfg.target, device=device, dtype=dtype,
+                           attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload), None
+    else:
+        t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
+                         attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
 
     if device.type == "cpu":
-        for model in (t.model, d.model):
+        for model in (t.model, d.model) if d is not None else (t.model,):
             speed_up_cpu_linears(model)  # same math, kernels that suit few-token passes on CPU
 
     model_limit = getattr(t.model.config, "max_position_embeddings", None) or load_cfg.max_context
@@ -88,23 +97,23 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     # exact attention: verification, decoding without a draft and reused conversations compute the same numbers
     target_runner = ModelRunner(t.model, capacity=max_context + budget_room, exact=True)
     # the draft also needs scratch slots for every node it expands while growing a tree
-    draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64)
+    draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64) if d is not None else None
     if t.offload is not None and t.offload.streamer is not None:
         target_runner.io = t.offload.streamer  # offloading: bytes streamed and io wait per pass (PassStats)
-    engine = SpeculativeEngine(target_runner, TreeDrafter(draft_runner), max_context=max_context,
-                               max_budget=load_cfg.max_budget)
-    info = ModelInfo(target=t.name, draft=d.name, device=str(device), dtype=str(dtype).replace("torch.", ""),
-                     max_context=max_context, default_budget=tree_cfg.budget,
-                     extra={"budget_source": "fixed" if "budget" in options else "default"})
+    drafter = build_drafter(draft_runner, device)  # model, suffix or hybrid trees, as each pass's TreeConfig asks
+    tree_cfg = replace(tree_cfg, drafter=drafter.check_mode(tree_cfg.drafter))
+    engine = SpeculativeEngine(target_runner, drafter, max_context=max_context, max_budget=load_cfg.max_budget)
+    info = ModelInfo(target=t.name, draft=d.name if d is not None else NO_DRAFT, device=str(device),
+                     dtype=str(dtype).replace("torch.", ""), max_context=max_context, default_budget=tree_cfg.budget,
+                     extra={"budget_source": "fixed" if "budget" in options else "default",
+                            "drafter": tree_cfg.drafter})
     if t.offload is not None:
         info.extra["placement"] = t.offload.summary()  # offloading: where the target's layers live
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)
 
     progress(ProgressEvent("warmup", "warming up", 0, 1))
     generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))
-    engine.tokens = []  # forget the warm-up conversation
-    engine.target.cache.truncate(0)
-    draft_runner.cache.truncate(0)
+    engine.forget()  # forget the warm-up conversation (and keep its output out of the session history)
     progress(ProgressEvent("warmup", "warming up", 1, 1, finished=True))
     if auto_budget:  # budget="auto": plan the tree from a matching measured profile, else a quick start-up estimate
         from .profile.auto import apply_auto_budget

@@ -2,7 +2,11 @@
 
 Set-ups (comma list): `ar` (the target alone, autoregressive), `hf` (transformers' own assisted
 generation with the same draft: a single chain), `chainN` (offspec with one draft chain of depth N),
-integers (offspec trees of that budget) and `auto` (the budget the generator would pick itself).
+integers (offspec trees of that budget, from the generator's drafter) and `auto` (the budget the generator
+would pick itself). `model:`, `suffix:` or `hybrid:` before a budget or `auto` picks the drafter
+(`hybrid:16` is named hybrid16, `suffix:auto` suffix-auto). Each prompt is a fresh session for every
+set-up: the suffix drafter's index over earlier generations is off, or a set-up would copy the output
+another set-up just wrote for the same prompt.
 Greedy runs are checked token for token against `ar` (run first when present); a mismatch is counted and
 reported loudly. Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the
 environment; the JSON is rewritten after each prompt, so a long run can be stopped and still read, and
@@ -15,12 +19,13 @@ import hashlib
 import json
 import os
 import platform
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from .config import TreeConfig
+from .config import DRAFTERS, TreeConfig
 from .errors import OffspecError
 
 
@@ -29,12 +34,19 @@ class Setup:
     name: str
     kind: str  # "ar", "hf", "tree"
     tree: Optional[TreeConfig] = None  # None with kind "tree" = the generator's own default ("auto")
+    drafter: Optional[str] = None  # "auto" of another drafter than the generator's (its own plan)
 
 
 def parse_setups(spec: str, base: TreeConfig) -> list[Setup]:
     setups = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
-        if item == "ar":
+        drafter, _, rest = item.partition(":")
+        if rest and drafter in DRAFTERS and (rest == "auto" or (rest.isdigit() and int(rest) > 0)):
+            if rest == "auto":
+                setups.append(Setup(f"{drafter}-auto", "tree", drafter=drafter))
+            else:
+                setups.append(Setup(f"{drafter}{rest}", "tree", replace(base, budget=int(rest), drafter=drafter)))
+        elif item == "ar":
             setups.append(Setup("ar", "ar"))
         elif item == "hf":
             setups.append(Setup("hf-assisted", "hf"))
@@ -45,7 +57,8 @@ def parse_setups(spec: str, base: TreeConfig) -> list[Setup]:
         elif item.isdigit() and int(item) > 0:
             setups.append(Setup(f"tree{item}", "tree", replace(base, budget=int(item))))
         else:
-            raise OffspecError(f"unknown set-up {item!r} in --budgets; use ar, hf, auto, chainN or a positive budget")
+            raise OffspecError(f"unknown set-up {item!r} in --budgets; use ar, hf, auto, chainN, a positive budget, "
+                               f"or model:, suffix:, hybrid: before a budget or auto")
     if not setups:
         raise OffspecError("--budgets names no set-up; e.g. --budgets ar,hf,16,64,auto")
     setups.sort(key=lambda s: s.kind != "ar")  # the reference first, so every greedy run can be checked
@@ -61,10 +74,12 @@ def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temper
         if setup.tree is not None:
             generator.tree = setup.tree
         result = generator.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                                    speculate=setup.kind == "tree")
+                                    speculate=setup.kind == "tree", drafter=setup.drafter)
     finally:
         generator.tree = saved
+    drafted = [p.drafter for p in result.passes if p.drafter]
     return {"tokens": len(result.token_ids), "passes": result.n_passes, "seconds": result.seconds,
+            "drafters": {d: drafted.count(d) for d in sorted(set(drafted))},  # passes by what built the tree
             "draft_seconds": result.draft_seconds, "target_seconds": result.target_seconds,
             "io_wait_seconds": sum(p.io_wait_seconds for p in result.passes),
             "bytes_streamed": sum(p.bytes_streamed for p in result.passes),
@@ -77,6 +92,8 @@ def _run_hf_assisted(generator, prompt: str, *, max_new_tokens: int, temperature
     import torch
 
     target = generator.engine.target.model
+    if generator.engine.drafter.runner is None:
+        raise OffspecError("set-up hf needs a draft model, and none is loaded (--draft none); drop hf from --budgets")
     draft = generator.engine.drafter.runner.model
     ids = torch.tensor([generator.encode(prompt)], device=generator.engine.target.device)
     calls = [0]
@@ -109,6 +126,7 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
     """Every prompt through every set-up. With `resume`, the prompts already measured in `out_dir/bench.json`
     (by every set-up) are kept and only the rest run; the settings must match (see `_resumable`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    generator.engine.drafter.use_history(False)  # fresh sessions (see the module doc)
     report = {"environment": environment(generator), "max_new_tokens": max_new_tokens,
               "temperature": temperature, "prompts": len(prompts), "setups": {}}
     runs: dict[str, list[dict]] = {setup.name: [] for setup in setups}
@@ -221,6 +239,8 @@ def summarize(runs: list[dict]) -> dict:
         # achieved weight-streaming bandwidth over the target passes (bytes/s; 0 when nothing streams)
         "stream_bandwidth": (sum(r["bytes_streamed"] for r in runs) / target_seconds) if target_seconds else 0.0,
         "budgets": sorted({b for r in runs for b in r["budgets"]}),
+        "drafters": {d: sum(r.get("drafters", {}).get(d, 0) for r in runs)
+                     for d in sorted({d for r in runs for d in r.get("drafters", {})})},
         "runs": runs,
     }
     checked = [r["matches_ar"] for r in runs if "matches_ar" in r]
@@ -233,18 +253,20 @@ def markdown_table(report: dict) -> str:
     setups = report["setups"]
     ar = setups.get("ar")
     lines = ["| set-up | prompts | tokens/pass | tokens/s | speed-up vs ar | draft s/pass | target s/pass | "
-             "MB streamed/pass | greedy mismatches vs ar |", "|---|---|---|---|---|---|---|---|---|"]
+             "MB streamed/pass | passes by drafter | greedy mismatches vs ar |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in setups.items():
         speedup = f"{s['tokens_per_second'] / ar['tokens_per_second']:.2f}x" if ar and ar["tokens_per_second"] else "-"
         budgets = ",".join(str(b) if b else "none" for b in s["budgets"])  # 0: passes without a tree
-        label = name if name != "auto" else f"auto (budget {budgets})"
+        label = name if name != "auto" and not name.endswith("-auto") else f"{name} (budget {budgets})"
         if name == "hf-assisted":  # transformers' generate: its passes are counted, not split or metered
             split = "- | - | -"
         else:
             split = (f"{s['draft_seconds_per_pass']:.3f} | {s['target_seconds_per_pass']:.3f} | "
                      f"{s['bytes_streamed_per_pass'] / 1e6:.0f}")
+        drafters = s.get("drafters") or {}
+        shares = ", ".join(f"{d} {n / sum(drafters.values()):.0%}" for d, n in drafters.items()) or "-"
         lines.append(f"| {label} | {s['prompts']} | {s['tokens_per_pass']:.2f} | {s['tokens_per_second']:.2f} | "
-                     f"{speedup} | {split} | {s.get('greedy_mismatches', '-')} |")
+                     f"{speedup} | {split} | {shares} | {s.get('greedy_mismatches', '-')} |")
     checks = report.get("disk_checks")
     if checks:
         read = ", ".join(f"{c['ssd_read'] / 1e9:.2f} GB/s at prompt {c['at_prompt']}" for c in checks)
@@ -260,16 +282,24 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     setups = report["setups"]
-    trees = sorted(((int(n[4:]), s) for n, s in setups.items() if n.startswith("tree")), key=lambda x: x[0])
+    families: dict[str, list] = {}  # "tree" (the generator's drafter), "model", "suffix", "hybrid": (budget, summary)
+    for n, s in setups.items():
+        match = re.fullmatch(r"(tree|model|suffix|hybrid)(\d+)", n)
+        if match:
+            families.setdefault(match[1], []).append((int(match[2]), s))
+    trees = [point for family in families.values() for point in family]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     # auto is a point at the budget most of its runs used (they may re-plan), the others horizontal lines
     auto = setups.get("auto")
     auto_budget = max(auto["budgets"], key=lambda b: sum(b in r["budgets"] for r in auto["runs"])) \
         if auto and auto["budgets"] else None  # 0 (no tree: the target alone predicted faster) is a line
-    lines = [(n, s) for n, s in setups.items() if not n.startswith("tree") and not (n == "auto" and auto_budget)]
+    lines = [(n, s) for n, s in setups.items()
+             if not re.fullmatch(r"(tree|model|suffix|hybrid)\d+", n) and not (n == "auto" and auto_budget)]
     for ax, key, label in ((axes[0], "tokens_per_second", "tokens/s"), (axes[1], "tokens_per_pass", "tokens per pass")):
-        if trees:
-            ax.plot([b for b, _ in trees], [s[key] for _, s in trees], "o-", label="offspec tree")
+        for family, points in families.items():
+            points = sorted(points, key=lambda x: x[0])
+            ax.plot([b for b, _ in points], [s[key] for _, s in points], "o-",
+                    label="offspec tree" if family == "tree" else f"offspec {family}")
         if auto_budget:
             ax.plot([auto_budget], [auto[key]], "*", markersize=14, color="C3", label=f"auto (budget {auto_budget})")
         if trees or auto_budget:

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Optional
 
-from .config import AUTO_BUDGET, GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
+from .config import AUTO_BUDGET, DRAFTERS, GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
 from .errors import OffspecError, run_cli
 from .progress import ProgressEvent
 
@@ -70,7 +70,8 @@ def _budget_arg(text: str):
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", help="target model: local HF dir, .gguf file or hub id (default: built-in pair)")
-    g.add_argument("--draft", help="draft model, same forms; must share the target's tokenizer")
+    g.add_argument("--draft", help="draft model, same forms; must share the target's tokenizer; `none`: no draft "
+                   "model, the target speculates with suffix drafts alone (any target)")
     g.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     g.add_argument("--max-context", type=int, help=f"context limit in tokens (default {_LOAD.max_context})")
@@ -92,16 +93,21 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--branch", type=int, help=f"children per expanded node (default {_TREE.branch})")
     t.add_argument("--max-depth", type=int, help=f"deepest tree level (default {_TREE.max_depth})")
     t.add_argument("--chain", type=int, metavar="DEPTH", help="classic speculative decoding: one draft chain")
+    t.add_argument("--drafter", choices=list(DRAFTERS), help="who proposes the tree: the draft model, the suffix "
+                   "index (continuations of text already seen), or both merged (default: hybrid, suffix with --draft none)")
 
 
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword options for `offspec.load` from parsed CLI flags (flags not given are left out)."""
     names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth",
-             "device_mem", "ram_mem", "quant", "draft_quant", "offload_dir"]
+             "drafter", "device_mem", "ram_mem", "quant", "draft_quant", "offload_dir"]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "chain", None) is not None:
+        if options.get("drafter", "model") != "model":
+            raise OffspecError("--chain is a chain of the draft model; drop --drafter or --chain")
         chain = TreeConfig.chain(args.chain)
-        options.update(budget=chain.budget, max_beams=chain.max_beams, branch=chain.branch, max_depth=chain.max_depth)
+        options.update(budget=chain.budget, max_beams=chain.max_beams, branch=chain.branch, max_depth=chain.max_depth,
+                       drafter=chain.drafter)
     return dict(target=args.target, draft=args.draft, **options)
 
 

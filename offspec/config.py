@@ -10,6 +10,8 @@ from .errors import OffspecError
 QUANTS = ("none", "int4", "int8", "nf4")  # --quant for float checkpoints (offspec/formats/quantize.py)
 
 AUTO_BUDGET = "auto"  # budget="auto", the default: planned for this machine and model pair (offspec.profile)
+NO_DRAFT = "none"  # draft="none": no draft model; the target speculates with suffix drafts alone
+DRAFTERS = ("model", "suffix", "hybrid")  # who proposes the tree: the draft model, the suffix index, or both merged
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,12 @@ class TreeConfig:
     max_beams: int = 0  # nodes expanded per draft step, in one batched draft forward; 0 = auto (see `beams`)
     branch: int = 8  # children added per expanded node (the draft's top-k)
     max_depth: int = 32  # nodes deeper than this are never expanded
+    # who proposes the tree: "model" (the draft model), "suffix" (continuations of text already seen), "hybrid"
+    # (both merged under one budget); None = hybrid when a draft model is loaded, else suffix (set at load)
+    drafter: Optional[str] = None
+    # a pass from a long, confident suffix match alone (no draft model step; see offspec/suffix_drafter.py) may
+    # propose up to this many nodes instead of `budget` (SuffixDecoding's adaptive speculation); 0 = `budget`
+    confident_budget: int = 32
 
     @property
     def beams(self) -> int:
@@ -28,18 +36,48 @@ class TreeConfig:
         return self.max_beams if self.max_beams > 0 else min(64, max(4, self.budget // 8))
 
     def validate(self) -> "TreeConfig":
-        for name in ("budget", "max_beams", "branch", "max_depth"):
+        for name in ("budget", "max_beams", "branch", "max_depth", "confident_budget"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (value == 0 and name != "max_beams"):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (
+                    value == 0 and name not in ("max_beams", "confident_budget")):
                 auto = " or auto" if name == "budget" else ""
                 raise OffspecError(f"{name} must be a positive integer{auto}, got {value!r}; "
                                    f"pass e.g. --{name.replace('_', '-')} 64")
+        if self.drafter is not None and self.drafter not in DRAFTERS:
+            raise OffspecError(f"unknown drafter {self.drafter!r}; use {', '.join(DRAFTERS)}")
         return self
 
     @classmethod
     def chain(cls, depth: int = 5) -> "TreeConfig":
         """Classic speculative decoding: a single greedy draft chain of `depth` tokens."""
-        return cls(budget=depth, max_beams=1, branch=1, max_depth=depth)
+        return cls(budget=depth, max_beams=1, branch=1, max_depth=depth, drafter="model", confident_budget=0)
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """Model-free drafting from text already seen (SuffixDecoding-style): see `offspec.suffix_drafter`."""
+
+    key_length: int = 4  # the index maps every k-gram, k = 1..key_length, to where it occurred
+    max_match: int = 32  # a matching suffix is compared back at most this far
+    min_match: int = 1  # shorter matches propose nothing
+    max_occurrences: int = 256  # the most recent occurrences of a match that are counted
+    spec_factor: float = 4.0  # candidates reach at most spec_factor * match length deep (adaptive speculation)
+    prior_count: float = 1.0  # pseudo-occurrences that continue otherwise: one occurrence is not certainty
+    match_half: float = 2.0  # a match this many tokens long is trusted half (score factor m / (m + match_half))
+    confident_match: int = 8  # a match this long whose best continuation ...
+    confident_share: float = 0.5  # ... follows at least this share of its occurrences is confident: the hybrid
+    # skips the draft model, and the pass may propose up to TreeConfig.confident_budget nodes
+    global_tokens: int = 65536  # bound of the session index over earlier generations (0 = none)
+
+    def validate(self) -> "SuffixConfig":
+        if self.key_length < 1 or self.max_match < self.key_length or self.min_match < 1:
+            raise OffspecError("suffix index: need key_length >= 1, max_match >= key_length and min_match >= 1")
+        if self.max_occurrences < 1 or self.spec_factor <= 0 or self.prior_count < 0 or self.match_half < 0:
+            raise OffspecError("suffix index: max_occurrences, spec_factor must be positive; prior_count and "
+                               "match_half must be >= 0")
+        if self.global_tokens < 0:
+            raise OffspecError(f"suffix index: global_tokens must be >= 0, got {self.global_tokens}")
+        return self
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 `Drafter` is the interface; `TreeDrafter` is SpecExec's: a resident draft model grows the tree of the
 most probable continuations, expanding the best nodes in batched draft forwards. A single chain
-(classic speculative decoding) is the same drafter with `TreeConfig.chain(depth)`.
+(classic speculative decoding) is the same drafter with `TreeConfig.chain(depth)`. The model-free
+`SuffixDrafter` (offspec/suffix_drafter.py) and the `HybridDrafter` that merges both (offspec/hybrid.py)
+implement the same interface.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Optional, Protocol, Sequence
 
 import torch
 
@@ -18,11 +20,19 @@ from .tree import DraftTree
 
 
 class Drafter(Protocol):
+    kind: str  # what built the last tree: "model", "suffix" or "hybrid" (PassStats.drafter)
+
     def propose(self, tokens: list[int], tree: TreeConfig, temperature: float) -> DraftTree:
         """Build a tree whose root is `tokens[-1]` (the last committed token)."""
 
     def observe(self, accepted: list[int], n_committed: int) -> None:
         """The target accepted tree nodes `accepted` (root first); `n_committed` tokens are now committed."""
+
+    def reset(self, previous: Sequence[int], tokens: Sequence[int], common: int) -> None:
+        """The committed sequence changes from `previous` to `tokens`; they share their first `common` tokens."""
+
+    def forget(self) -> None:
+        """Drop everything carried between calls (caches, indexes, session history)."""
 
 
 class TreeDrafter:
@@ -32,6 +42,8 @@ class TreeDrafter:
     expanded node gets a scratch slot after them, so nothing is recomputed between draft steps. After
     the pass, the accepted expanded nodes are gathered onto the committed slots.
     """
+
+    kind = "model"
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
@@ -44,8 +56,17 @@ class TreeDrafter:
             self._tree = DraftTree(capacity, self.runner.device)
         return self._tree
 
+    def reset(self, previous: Sequence[int], tokens: Sequence[int], common: int) -> None:
+        self.runner.cache.truncate(common)
+
+    def forget(self) -> None:
+        self.runner.cache.truncate(0)
+
     @torch.inference_mode()
-    def propose(self, tokens: list[int], config: TreeConfig, temperature: float) -> DraftTree:
+    def propose(self, tokens: list[int], config: TreeConfig, temperature: float,
+                rival: Optional[torch.Tensor] = None) -> DraftTree:
+        """Grow the tree. `rival` (r,): scores of other candidates for the same budget (a hybrid's suffix
+        nodes): growth stops once no open node can beat the `budget`-th best of both (see `can_improve`)."""
         runner, tree = self.runner, self._tree_for(config)
         n_committed = len(tokens)
         if runner.length >= n_committed:  # the root's draft logits are needed: re-run it
@@ -59,7 +80,7 @@ class TreeDrafter:
         root_pos = n_committed - 1
         while True:
             frontier = tree.frontier(config.beams, config.max_depth)  # (k,) best open nodes
-            if not tree.can_improve(config.budget, frontier):
+            if not tree.can_improve(config.budget, frontier, rival):
                 break
             k = int(frontier.numel())
             if next_slot + k > runner.capacity:

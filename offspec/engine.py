@@ -52,11 +52,18 @@ class SpeculativeEngine:
             common += 1
         self.target.cache.truncate(min(common, len(tokens) - 1))
         if self.drafter is not None:
-            self.drafter.runner.cache.truncate(common)
+            self.drafter.reset(self.tokens, tokens, common)
         self.tokens = list(tokens)
         reused = self.target.length
         self.target.extend(self.tokens[self.target.length : -1])  # prefill what is not cached yet
         return reused
+
+    def forget(self) -> None:
+        """Forget the conversation: both caches and whatever the drafter carries (its session history too)."""
+        self.tokens = []
+        self.target.cache.truncate(0)
+        if self.drafter is not None:
+            self.drafter.forget()
 
     @property
     def room(self) -> int:
@@ -100,12 +107,13 @@ class SpeculativeEngine:
                          ) -> tuple[list[int], PassStats]:
         """One pass: the draft grows a tree, the target verifies all of it at once, the path is kept."""
         if self.drafter is None:
-            raise OffspecError("speculation needs a draft model")
+            raise OffspecError("speculation needs a drafter")
         target, device = self.target, self.target.device
         T = target.length  # target cache slots in use; the root goes to slot T
-        budget = min(config.budget, self.max_budget, target.capacity - T - 1)
-        if budget < config.budget:
-            config = replace(config, budget=max(budget, 1))  # near the context limit: a smaller tree
+        room = min(self.max_budget, target.capacity - T - 1)  # tree nodes the target cache has slots for
+        if config.budget > room or config.confident_budget > room:  # near the context limit: a smaller tree
+            config = replace(config, budget=max(min(config.budget, room), 1),
+                             confident_budget=min(config.confident_budget, room))
 
         t0 = _clock(device)
         tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature)
@@ -133,5 +141,6 @@ class SpeculativeEngine:
                                      accepted=tuple(path), bonus_token=bonus)
         stats = PassStats(tree_size=n - 1, accepted=len(accepted), emitted=len(new_tokens), draft_seconds=t1 - t0,
                           target_seconds=t2 - t1, budget=config.budget, depth_counts=tuple(tree.depth_counts()),
-                          tree=tree_view, io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0])
+                          tree=tree_view, io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0],
+                          drafter=self.drafter.kind)
         return new_tokens, stats

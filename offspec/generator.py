@@ -28,8 +28,10 @@ class Generator:
         self.info = info
         self.tree = tree  # default tree shape; `budget=` per call overrides its budget
         # budget="auto": an adaptive policy (offspec.profile.adapt) choosing each pass's tree via next_tree() and
-        # observing its PassStats; it applies to calls without `budget=` while `tree` is still its `base_tree`
+        # observing its PassStats; it applies to calls without `budget=` while `tree` is still its `base_tree`.
+        # `policies`: one per available drafter (a call with `drafter=` and no `budget=` uses that one's)
         self.policy = None
+        self.policies: dict = {}
         self.generation = generation
         self._lock = threading.Lock()  # one generation at a time: the caches are shared state
 
@@ -77,7 +79,9 @@ class Generator:
     def stream(self, prompt: Prompt, *, max_new_tokens: Optional[int] = None, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, budget: Optional[int] = None, seed: Optional[int] = None,
                speculate: Optional[bool] = None, stop: Sequence[str] = (),
-               cancel: Optional[threading.Event] = None) -> Iterator[StreamEvent]:
+               cancel: Optional[threading.Event] = None, drafter: Optional[str] = None) -> Iterator[StreamEvent]:
+        """Yield TextDeltas, then the GenerationResult. `budget`, `drafter` (model, suffix or hybrid): this
+        call's tree instead of the generator's own (and its `budget="auto"` planning)."""
         sampling = SamplingConfig(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
                                   seed=seed).validate()
         gen = GenerationConfig(
@@ -85,7 +89,12 @@ class Generator:
             stop=tuple(stop), speculate=self.generation.speculate if speculate is None else bool(speculate),
         ).validate()
         tree = self.tree if budget is None else replace(self.tree, budget=budget)
+        policy = self.policy if tree is self.tree and getattr(self.policy, "base_tree", None) is self.tree else None
+        if drafter is not None and drafter != tree.drafter:
+            policy = self.policies.get(drafter) if budget is None else None
+            tree = policy.base_tree if policy is not None else replace(tree, drafter=drafter)
         tree.validate()
+        self.engine.drafter.check_mode(tree.drafter)  # e.g. "model" without a draft model: one clear error
         if tree.budget > self.engine.max_budget:
             raise OffspecError(f"budget {tree.budget} is above max_budget {self.engine.max_budget} set at load; "
                                f"load with max_budget={tree.budget} or use a smaller budget")
@@ -93,7 +102,6 @@ class Generator:
         if not self._lock.acquire(blocking=False):
             raise OffspecError("a generation is already running on this generator; wait for it or cancel it")
         try:
-            policy = self.policy if budget is None and getattr(self.policy, "base_tree", None) is self.tree else None
             yield from self._run(prompt_ids, sampling, gen, tree, cancel, policy)
         finally:
             self._lock.release()

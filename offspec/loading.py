@@ -212,3 +212,41 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
                 raise
             progress(ProgressEvent("convert", f"{exc}; rebuilding now"))
     raise AssertionError("unreachable")
+
+
+def load_target(target_spec: Optional[str], *, device: Union[torch.device, str], dtype: torch.dtype,
+                attn_implementation: str = "sdpa", progress: ProgressFn = no_progress,
+                offload: Any = None) -> LoadedModel:
+    """Locate, convert and load a target without a draft model (`--draft none`: suffix drafts only)."""
+    located = locate_model(target_spec, "target", progress=progress)
+    if offload is not None:
+        _check_quant(located, offload.quant, "--quant", torch.device(device))
+    target_tok = load_tokenizer(located)
+    if offload is None and located.gguf is not None:
+        from .offload.config import OffloadConfig
+
+        offload = OffloadConfig()
+    for attempt in (0, 1):
+        resolved = convert_located(located, progress)
+        if offload is None:
+            return load_model(resolved, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                              progress=progress, tokenizer=target_tok)
+        from .offload.model import StoreDamaged, load_offloaded
+
+        try:  # the target's layers placed under the budgets of `offload`, nothing else resident
+            model, handle = load_offloaded(resolved, device=torch.device(device), dtype=dtype,
+                                           attn_implementation=attn_implementation, config=offload,
+                                           progress=progress)
+        except StoreDamaged as exc:  # the entry was marked: converting again rebuilds it (once)
+            if attempt:
+                raise
+            progress(ProgressEvent("convert", f"{exc}; rebuilding now"))
+            continue
+        if model is None:
+            target = load_model(resolved, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                                progress=progress, tokenizer=target_tok)
+        else:
+            target = LoadedModel(name=resolved.name, path=resolved.path, model=model, tokenizer=target_tok)
+        target.offload = handle
+        return target
+    raise AssertionError("unreachable")

@@ -33,6 +33,7 @@ class PassStats:
     io_wait_seconds: float = 0.0  # part of target_seconds spent waiting for streamed weights (offloading)
     bytes_streamed: int = 0  # weight bytes streamed to the device for this pass
     tree: Optional[TreeSnapshot] = None  # filled in for the last pass of a call (for the UI's tree panel)
+    drafter: str = ""  # what built the tree: "model", "suffix" or "hybrid" ("" when not speculating)
 
     @property
     def stream_bandwidth(self) -> float:
@@ -131,6 +132,6 @@ class GeneratorLike(Protocol):
 
     def stream(self, prompt: Prompt, *, max_new_tokens: int = ..., temperature: float = ..., top_p: float = ...,
                top_k: int = ..., budget: Optional[int] = ..., seed: Optional[int] = ..., speculate: bool = ...,
-               stop: Sequence[str] = ..., cancel=None) -> Iterator[StreamEvent]: ...
+               stop: Sequence[str] = ..., cancel=None, drafter: Optional[str] = ...) -> Iterator[StreamEvent]: ...
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult: ...

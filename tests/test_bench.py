@@ -48,6 +48,40 @@ def test_missing_prompt_file_and_bad_setups(tmp_path):
     assert names[0] == "ar" and set(names) == {"ar", "tree64", "chain5", "hf-assisted", "auto"}
 
 
+def test_drafter_setups_are_named_by_their_drafter():
+    setups = {s.name: s for s in parse_setups("ar,model:8,suffix:16,hybrid:16,suffix:auto,8", TreeConfig())}
+    assert set(setups) == {"ar", "model8", "suffix16", "hybrid16", "suffix-auto", "tree8"}
+    assert setups["suffix16"].tree.drafter == "suffix" and setups["suffix16"].tree.budget == 16
+    assert setups["suffix-auto"].tree is None and setups["suffix-auto"].drafter == "suffix"
+    assert setups["tree8"].tree.drafter is None  # the generator's own drafter
+    with pytest.raises(OffspecError, match="unknown set-up"):
+        parse_setups("magic:8", TreeConfig())
+    with pytest.raises(OffspecError, match="unknown set-up"):
+        parse_setups("suffix:0", TreeConfig())
+
+
+def test_the_code_editing_prompt_set_ships_twenty_prompts_with_their_code():
+    prompts = read_prompts(ROOT / "offspec" / "data" / "code_edits.jsonl")
+    assert len(prompts) == 20 and all("```" in p for p in prompts)
+    assert any(p.startswith("Rename the variable x to count") for p in prompts)
+
+
+def test_drafter_setups_run_lossless_in_fresh_sessions(tiny_pair, tmp_path):
+    prompts = ["ab ab ab ab", "ab ab ab ab"]  # the same prompt twice: the second must not copy the first's output
+    setups = parse_setups("ar,model:8,suffix:8,hybrid:8,suffix:auto", TreeConfig())
+    report = run_bench(tiny_pair, prompts, setups, max_new_tokens=24, temperature=0.0, out_dir=tmp_path)
+    for name in ("model8", "suffix8", "hybrid8", "suffix-auto"):
+        assert report["setups"][name]["greedy_mismatches"] == 0, name
+    assert set(report["setups"]["suffix8"]["drafters"]) == {"suffix"}
+    assert set(report["setups"]["model8"]["drafters"]) == {"model"}
+    first, second = report["setups"]["suffix8"]["runs"]
+    assert first["passes"] == second["passes"]  # no index over earlier generations in a benchmark
+    assert tiny_pair.engine.drafter.suffix.history is None
+    tiny_pair.engine.drafter.use_history(True)
+    table = (tmp_path / "bench.md").read_text()
+    assert "| suffix8 | 2 |" in table and "suffix 100%" in table and "suffix-auto (budget" in table
+
+
 def test_every_setup_runs_and_greedy_runs_match(tiny_pair, tmp_path):
     prompts = ["Hello", "def f(x):"]
     setups = parse_setups("ar,hf,chain4,8,64,auto", TreeConfig())

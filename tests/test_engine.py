@@ -105,20 +105,29 @@ def unrelated_pair(tiny_dirs):
     return offspec.load(str(tiny_dirs[("llama", 0)][0]), str(tiny_dirs[("llama", 1)][0]), max_context=64)
 
 
-@pytest.mark.parametrize("speculate", [True, False])
-def test_sampling_follows_the_target_distribution(unrelated_pair, speculate):
+# an earlier turn: the suffix drafter proposes what followed "<|assistant|>" there, so its trees are not empty
+MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"},
+            {"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize("drafter", [None, "model", "suffix", "hybrid"])  # None: the target alone
+def test_sampling_follows_the_target_distribution(unrelated_pair, drafter):
     """Chi-square test of the first two sampled tokens against the exact target distribution."""
     gen = unrelated_pair
     sampling = SamplingConfig(temperature=1.5, top_k=3)
-    prompt_ids = gen.encode("Hi")
+    prompt_ids = gen.encode(MESSAGES)
     exact = _exact_two_token_distribution(gen, prompt_ids, sampling)
     n = 1200
     counts = collections.Counter()
+    tree_nodes = 0
     for seed in range(n):
-        res = gen.generate("Hi", max_new_tokens=2, temperature=1.5, top_k=3, seed=seed, budget=16,
-                           speculate=speculate)
+        res = gen.generate(MESSAGES, max_new_tokens=2, temperature=1.5, top_k=3, seed=seed, budget=16,
+                           speculate=drafter is not None, drafter=drafter)
         counts[tuple(res.token_ids)] += 1
+        tree_nodes += sum(p.tree_size for p in res.passes)
     assert sum(counts.values()) == n and set(counts) <= set(exact)
+    if drafter is not None:
+        assert tree_nodes > 0  # real trees were verified
     # lump outcomes with small expected counts into one bin
     chi2, lump_obs, lump_exp, bins = 0.0, 0, 0.0, 0
     for outcome, p in exact.items():

@@ -34,3 +34,23 @@ def test_default_pair_multi_turn_reuses_the_cache(default_pair):
     second = default_pair.generate(messages, max_new_tokens=16, budget=16)
     assert second.reused_prompt_tokens > 20
     assert second.text
+
+
+CODE_EDIT = ("Rename the variable x to count.\n\n```python\ndef count_vowels(sentence):\n    x = 0\n"
+             "    for ch in sentence:\n        if ch.lower() in \"aeiou\":\n            x += 1\n    return x\n```")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("drafter", ["suffix", "hybrid"])
+def test_default_pair_suffix_and_hybrid_greedy_equal_plain_greedy(default_pair, drafter):
+    default_pair.engine.drafter.use_history(False)  # the conversation only: no copying of an earlier reply
+    try:
+        plain = default_pair.generate(CODE_EDIT, max_new_tokens=64, speculate=False)
+        assert len(plain.token_ids) == 64
+        for budget in (4, 16):
+            spec = default_pair.generate(CODE_EDIT, max_new_tokens=64, budget=budget, drafter=drafter)
+            assert spec.token_ids == plain.token_ids, (drafter, budget)
+            assert {p.drafter for p in spec.passes} <= {drafter, "suffix"}
+            assert spec.tokens_per_pass > 1.5  # the edit copies the code it was given: the suffix index finds it
+    finally:
+        default_pair.engine.drafter.use_history(True)

@@ -75,9 +75,11 @@ class FakeGenerator:
 
     def stream(self, prompt, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, budget: Optional[int] = None, seed: Optional[int] = None, speculate: bool = True,
-               stop: Sequence[str] = (), cancel: Optional[threading.Event] = None) -> Iterator[StreamEvent]:
+               stop: Sequence[str] = (), cancel: Optional[threading.Event] = None,
+               drafter: Optional[str] = None) -> Iterator[StreamEvent]:
         self.calls.append(dict(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               top_k=top_k, budget=budget, seed=seed, speculate=speculate, stop=tuple(stop)))
+                               top_k=top_k, budget=budget, seed=seed, speculate=speculate, stop=tuple(stop),
+                               drafter=drafter))
         text = self.reply(list(prompt)) if callable(self.reply) else self.reply
         tokens = split_tokens(text)[:max_new_tokens]
         budget_used = budget if budget is not None else self.info.default_budget

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Optional
 
-from offspec.config import GenerationConfig, SamplingConfig
+from offspec.config import DRAFTERS, GenerationConfig, SamplingConfig
 from offspec.errors import OffspecError
 
 AUTO = "auto"
@@ -20,6 +20,7 @@ class ChatSettings:
     temperature: float = 0.7
     top_p: float = 0.95
     budget: Optional[int] = None  # tree budget; None = "auto": the engine's default (a measured profile or built-in)
+    drafter: Optional[str] = None  # model, suffix or hybrid; None = "auto": the loaded default (hybrid with a draft)
     max_new_tokens: int = 1024  # a reply stops after this many tokens
     system_prompt: str = ""  # the system prompt given to new chats
 
@@ -29,6 +30,8 @@ class ChatSettings:
         if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
                                         or self.budget <= 0):
             raise OffspecError(f"budget must be 'auto' or a positive whole number, got {self.budget!r}")
+        if self.drafter is not None and self.drafter not in DRAFTERS:
+            raise OffspecError(f"drafter must be auto, {', '.join(DRAFTERS)}, got {self.drafter!r}")
         return self
 
     def generation_kwargs(self) -> dict[str, Any]:
@@ -38,6 +41,7 @@ class ChatSettings:
             "temperature": self.temperature,
             "top_p": self.top_p,
             "budget": self.budget,
+            "drafter": self.drafter,
         }
 
     def to_json(self) -> str:
@@ -74,6 +78,20 @@ def parse_budget(text: str) -> Optional[int]:
     return budget
 
 
+def format_drafter(drafter: Optional[str]) -> str:
+    return AUTO if drafter is None else drafter
+
+
+def parse_drafter(text: str) -> Optional[str]:
+    """'auto' (or empty) -> None; model, suffix or hybrid -> itself; anything else -> OffspecError."""
+    value = text.strip().lower()
+    if value in ("", AUTO):
+        return None
+    if value not in DRAFTERS:
+        raise OffspecError(f"drafter must be auto, {', '.join(DRAFTERS)}, got {text.strip()!r}")
+    return value
+
+
 def _parse_float(name: str, text: str, example: str) -> float:
     try:
         value = float(text.strip())
@@ -92,13 +110,14 @@ def _parse_int(name: str, text: str, example: str) -> int:
 
 
 def parse_settings(base: ChatSettings, *, temperature: str, top_p: str, budget: str, max_new_tokens: str,
-                   system_prompt: str) -> ChatSettings:
+                   system_prompt: str, drafter: str = AUTO) -> ChatSettings:
     """Settings from the text of the settings form; raises OffspecError with a one-line message."""
     return replace(
         base,
         temperature=_parse_float("temperature", temperature, "0.7 (0 = greedy)"),
         top_p=_parse_float("top-p", top_p, "0.95"),
         budget=parse_budget(budget),
+        drafter=parse_drafter(drafter),
         max_new_tokens=_parse_int("max tokens", max_new_tokens, "1024"),
         system_prompt=system_prompt.strip(),
     ).validate()

@@ -55,7 +55,7 @@ class AdaptiveBudget:
     """The budget policy of `budget="auto"`: `next_tree()` before each pass, `observe()` after it."""
 
     def __init__(self, costs: PairCosts, acceptance: AcceptanceCurve, planner: PlannerConfig = PlannerConfig(),
-                 config: AdaptConfig = AdaptConfig(), extra: Optional[dict] = None):
+                 config: AdaptConfig = AdaptConfig(), extra: Optional[dict] = None, key: str = "budget_adaptive"):
         self.costs, self.acceptance, self.planner, self.config = costs, acceptance, planner, config
         self.plan: Plan = plan(costs, acceptance, planner)
         self.initial_plan = self.plan
@@ -65,7 +65,8 @@ class AdaptiveBudget:
         self.passes = 0
         self._last_replan = 0
         self.replans: list[Replan] = []
-        self.extra = extra  # a dict (the generator's info.extra) where `summary()` is kept up to date
+        self.extra = extra  # a dict (the generator's info.extra) where `summary()` is kept up to date, under `key`
+        self.key = key
         self._publish()
 
     @property
@@ -79,13 +80,14 @@ class AdaptiveBudget:
         return self.plan.speculates
 
     def next_tree(self, base: TreeConfig) -> TreeConfig:
-        """The tree for the next pass: the planned budget, beams and depth; the branch stays the caller's."""
+        """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's."""
         best = self.plan.best
-        return replace(base, budget=best.budget, max_beams=best.max_beams, max_depth=best.max_depth)
+        return replace(base, budget=best.budget, max_beams=best.max_beams, max_depth=best.max_depth,
+                       drafter=best.drafter)
 
     def observe(self, stats: PassStats) -> None:
-        if stats.tree_size <= 0:  # not a speculative pass
-            return
+        if stats.tree_size <= 0 or stats.tree_size > stats.budget:  # not a speculative pass, or a confident suffix
+            return  # pass beyond the budget (TreeConfig.confident_budget): the curve is per budget
         depth = self.plan.best.max_depth
         predicted = min(self.acceptance(stats.budget, depth), float(stats.budget), float(depth))
         self.window.append((stats.accepted, predicted))
@@ -122,7 +124,8 @@ class AdaptiveBudget:
 
     def summary(self) -> dict:
         n = len(self.window)
-        return {"budget": self.plan.best.budget, "max_beams": self.plan.best.max_beams,
+        return {"drafter": self.plan.best.drafter, "budget": self.plan.best.budget,
+                "max_beams": self.plan.best.max_beams,
                 "max_depth": self.plan.best.max_depth, "acceptance_scale": round(self.scale, 4),
                 "observed_accepted": round(sum(a for a, _ in self.window) / n, 4) if n else None,
                 "predicted_accepted": round(self.scale * sum(p for _, p in self.window) / n, 4) if n else None,
@@ -132,4 +135,4 @@ class AdaptiveBudget:
 
     def _publish(self) -> None:
         if self.extra is not None:
-            self.extra["budget_adaptive"] = self.summary()
+            self.extra[self.key] = self.summary()

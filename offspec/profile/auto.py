@@ -1,13 +1,15 @@
 """`budget="auto"`: plan the tree at load time, then adapt it while generating.
 
 1. A measured profile whose fingerprint matches this machine, model pair and placement (saved by
-   `offspec profile` in the config dir): its timings and acceptance curve.
+   `offspec profile` in the config dir): its timings and acceptance curves.
 2. Otherwise a start-up estimate: a few timed target passes and draft steps on the loaded models
    (seconds), with the acceptance prior that ships with offspec (`offspec/data/acceptance_prior.json`).
 
-Either way the planner picks the tree, an `AdaptiveBudget` policy re-plans it from the acceptance it
-observes, and `info.extra` says what the choice was based on (`budget_source`, `budget_basis`,
-`budget_plan`, `budget_adaptive`).
+Each drafter (model, suffix, hybrid) has its own acceptance curve, so each available one gets its own
+plan and `AdaptiveBudget` policy: the generator's default drafter is `generator.policy`, every one is in
+`generator.policies` (a call with `drafter=` uses that one's). A drafter whose curve the profile lacks
+(a profile measured before suffix drafting) takes the prior's. `info.extra` says what the choice was
+based on (`budget_source`, `budget_basis`, `budget_plan`, `budget_adaptive`, `budget_adaptive_<drafter>`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
 from .planner import PairCosts, PlannerConfig
 from .schema import ACCEPTANCE_FILE_SCHEMA, validate
-from .store import acceptance_of, costs_of, find_profile, load_profile, profile_key
-from .timing import PassTimer, SweepConfig, sweep
+from .store import acceptance_curves, costs_of, find_profile, load_profile, profile_key
+from .timing import PassTimer, SweepConfig, sweep, timed
 
 # The start-up estimate: few sizes, one call each, a hard time cap (the load's warm-up already ran).
 ESTIMATE_TARGET = SweepConfig(sizes=(1, 16, 128, 1024, 4096), repeats=1, max_call_seconds=0.6,
@@ -42,40 +44,60 @@ def pair_key(generator, load_cfg: Any) -> dict:
     return profile_key(identity(generator.engine.target.device), models, info.extra.get("placement"))
 
 
-def prior_acceptance() -> tuple[AcceptanceCurve, str]:
+def prior_acceptance(drafter: str = "model") -> tuple[AcceptanceCurve, str]:
     """The acceptance curve assumed before this pair is measured, with where it comes from."""
+    curves, pair = prior_curves()
+    return curves[drafter], f"prior curve measured with {pair}"
+
+
+def prior_curves() -> tuple[dict[str, AcceptanceCurve], str]:
+    """Every drafter's prior acceptance curve, and the pair they were measured with."""
     text = resources.files("offspec").joinpath("data/acceptance_prior.json").read_text(encoding="utf-8")
     data = validate(json.loads(text), "offspec/data/acceptance_prior.json", ACCEPTANCE_FILE_SCHEMA)
-    pair = data["acceptance"].get("pair", "the default pair")
-    return acceptance_of(data, "acceptance prior"), f"prior curve measured with {pair}"
+    return acceptance_curves(data, "acceptance prior"), data["acceptance"].get("pair", "the default pair")
+
+
+def suffix_seconds(generator, tokens: list[int], repeats: int = 3) -> float:
+    """Seconds of one suffix proposal on `tokens` (its index built first, untimed); the median of `repeats`."""
+    from ..config import TreeConfig
+    from ..suffix_drafter import SuffixDrafter
+
+    drafter = SuffixDrafter(device=generator.engine.target.device)  # a scratch one: the session's stays as it is
+    config = TreeConfig(budget=min(64, generator.engine.max_budget), drafter="suffix")
+    drafter.propose(tokens, config)
+    return sorted(timed(lambda: drafter.propose(tokens, config), drafter.device) for _ in range(repeats))[repeats // 2]
 
 
 def estimate_costs(generator, progress: ProgressFn = no_progress) -> tuple[PairCosts, str]:
     """A few timed passes on the loaded models (caches are left empty). Returns the costs and what they were."""
     engine = generator.engine
-    draft = engine.drafter.runner
+    draft = engine.drafter.runner  # None without a draft model
     timer = PassTimer(engine.target, draft, generator.tree.branch)
+    draft_points = []
     try:
         context = generator.encode(ESTIMATE_CONTEXT)[-max(1, engine.max_context // 2):]  # fits any context limit
         engine.reset_to(context)
-        draft.extend(context[draft.length :])
         room = engine.target.capacity - engine.target.length
         target_cfg = replace(ESTIMATE_TARGET, largest=min(engine.max_budget + 1, room))
         target_points, _ = sweep(timer.target_pass, engine.target.device, target_cfg, "estimate",
                                  "estimating the tree budget: target passes", progress)
-        draft_cfg = replace(ESTIMATE_DRAFT, largest=min(max(1, engine.max_budget), draft.capacity - draft.length))
-        draft_points, _ = sweep(timer.draft_step, draft.device, draft_cfg, "estimate",
-                                "estimating the tree budget: draft steps", progress)
+        if draft is not None:
+            draft.extend(context[draft.length :])
+            draft_cfg = replace(ESTIMATE_DRAFT, largest=min(max(1, engine.max_budget), draft.capacity - draft.length))
+            draft_points, _ = sweep(timer.draft_step, draft.device, draft_cfg, "estimate",
+                                    "estimating the tree budget: draft steps", progress)
         head = timer.head(repeats=2)
+        suffix = suffix_seconds(generator, context)
     finally:
-        engine.tokens = []
-        engine.target.cache.truncate(0)
-        draft.cache.truncate(0)
+        engine.forget()
     shown = ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in target_points)
-    detail = (f"target passes timed at start-up ({shown} by tokens), draft steps at "
-              f"{', '.join(str(n) for n, _ in draft_points)} nodes")
-    return PairCosts(target_pass=CostCurve.of(target_points), target_head=head, draft_step=CostCurve.of(draft_points),
-                     expand_ratio=1.0), detail
+    detail = f"target passes timed at start-up ({shown} by tokens)"
+    if draft_points:
+        detail += f", draft steps at {', '.join(str(n) for n, _ in draft_points)} nodes"
+    detail += f", a suffix proposal {suffix * 1000:.1f} ms"
+    return PairCosts(target_pass=CostCurve.of(target_points), target_head=head,
+                     draft_step=CostCurve.of(draft_points) if draft_points else None, expand_ratio=1.0,
+                     suffix_seconds=suffix), detail
 
 
 def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] = None) -> AdaptiveBudget:
@@ -83,20 +105,33 @@ def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] =
     progress = progress or no_progress
     progress(ProgressEvent("budget", "choosing the tree budget", 0, 1))
     path = find_profile(pair_key(generator, load_cfg))
+    curves, pair = prior_curves()
     if path is not None:
         data = load_profile(path)
-        costs, acceptance = costs_of(data, str(path)), acceptance_of(data, str(path))
+        costs, measured = costs_of(data, str(path)), acceptance_curves(data, str(path))
+        if "suffix_propose_seconds" not in data["timings"]:  # a profile from before suffix drafting
+            context = generator.encode(ESTIMATE_CONTEXT)[-max(1, generator.engine.max_context // 2):]
+            costs = replace(costs, suffix_seconds=suffix_seconds(generator, context))
         quick = ", quick" if data.get("quick") else ""
         source, basis = "profile", f"measured profile {path} ({data.get('created', 'undated')}{quick})"
+        prior = sorted(set(curves) - set(measured))
+        if prior:
+            basis += f"; acceptance of {', '.join(prior)}: prior curves measured with {pair}"
+        curves.update(measured)
     else:
         costs, detail = estimate_costs(generator, progress)
-        acceptance, prior = prior_acceptance()
         source = "estimate"
-        basis = f"start-up estimate: {detail}; acceptance: {prior}; run `offspec profile` to measure this pair"
-    planner = PlannerConfig(branch=generator.tree.branch, max_budget=generator.engine.max_budget)
-    policy = AdaptiveBudget(costs, acceptance, planner, extra=generator.info.extra)
+        basis = (f"start-up estimate: {detail}; acceptance: prior curves measured with {pair}; "
+                 f"run `offspec profile` to measure this pair")
+    default = generator.tree.drafter
+    policies = {}
+    for mode in generator.engine.drafter.modes:  # a plan per drafter: `generate(..., drafter=...)` uses its own
+        planner = PlannerConfig(branch=generator.tree.branch, max_budget=generator.engine.max_budget, drafter=mode)
+        policies[mode] = AdaptiveBudget(costs, curves[mode], planner, extra=generator.info.extra,
+                                        key="budget_adaptive" if mode == default else f"budget_adaptive_{mode}")
+    policy = policies[default]
     generator.tree = policy.base_tree  # a caller that assigns another tree (e.g. bench) gets exactly that tree
-    generator.policy = policy
+    generator.policy, generator.policies = policy, policies
     generator.info = replace(generator.info, default_budget=policy.plan.best.budget)  # `extra` stays the same dict
     generator.info.extra.update(budget_source=source, budget_basis=basis, budget_plan=policy.plan.summary(),
                                 budget_profile=str(path) if path else None)

@@ -33,17 +33,19 @@ def build_profile(generator, load_cfg: Any, *, quick: bool = False, prompts: Opt
     key = pair_key(generator, load_cfg)
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "target_params": model_params(engine.target.model),
-              "draft_params": model_params(engine.drafter.runner.model),
+              "draft_params": model_params(engine.drafter.runner.model) if engine.drafter.runner is not None else None,
               "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none"),
               "placement": info.extra.get("placement")}
     data = {"format": "offspec-profile", "version": 1, "kind": "measured",
             "name": f"{hardware['device_name']}: {info.target} + {info.draft}",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "offspec_version": __version__,
             "sources": [f"measured by `offspec profile{' --quick' if quick else ''}` on this machine: "
-                        f"{len(prompts)} calibration prompts (offspec/data/calibration.jsonl), greedy verification"],
+                        f"{len(prompts)} calibration prompts (offspec/data/calibration.jsonl), greedy verification, "
+                        f"every drafter ({', '.join(engine.drafter.modes)})"],
             "fingerprint": fingerprint(key), "key": key, "quick": quick, "hardware": hardware, "models": models,
             **measured}
-    chosen = plan(costs_of(data), acceptance_of(data),
-                  PlannerConfig(branch=generator.tree.branch, max_budget=engine.max_budget))
+    drafter = generator.tree.drafter  # the plan is for the drafter the pair loads with (auto plans each one)
+    chosen = plan(costs_of(data), acceptance_of(data, drafter=drafter),
+                  PlannerConfig(branch=generator.tree.branch, max_budget=engine.max_budget, drafter=drafter))
     data["plan"] = chosen.summary()
     return data, chosen

@@ -66,16 +66,20 @@ class AcceptanceCurve:
     `samples` (optional) holds, per calibration pass, the accepted count at every budget: with it, the
     effect of a depth cap is exact on the measured passes (a cap d turns each count a into min(a, d)).
     `depths` (optional) is the mean deepest tree level at each budget (how many draft steps a tree needs).
+    `model_share` (hybrid drafting): the share of passes in which the draft model ran (the others took
+    the suffix candidates alone, SuffixDecoding's adaptive speculation); 1 for the model drafter.
     """
 
     budgets: tuple[int, ...]
     accepted: tuple[float, ...]
     depths: tuple[float, ...] = ()
     samples: tuple[tuple[int, ...], ...] = ()
+    model_share: float = 1.0
 
     @classmethod
     def of(cls, budgets: Sequence[int], accepted: Sequence[float], depths: Sequence[float] = (),
-           samples: Sequence[Sequence[int]] = (), what: str = "acceptance curve") -> "AcceptanceCurve":
+           samples: Sequence[Sequence[int]] = (), what: str = "acceptance curve",
+           model_share: float = 1.0) -> "AcceptanceCurve":
         budgets, accepted = tuple(int(b) for b in budgets), tuple(float(a) for a in accepted)
         if not budgets or len(budgets) != len(accepted):
             raise OffspecError(f"{what}: budgets and accepted must be non-empty lists of the same length")
@@ -85,12 +89,14 @@ class AcceptanceCurve:
             raise OffspecError(f"{what}: depths must have one value per budget")
         if any(len(s) != len(budgets) for s in samples):
             raise OffspecError(f"{what}: each sample must have one accepted count per budget")
+        if not 0.0 <= model_share <= 1.0:
+            raise OffspecError(f"{what}: model_share must be in [0, 1], got {model_share}")
         monotone, best = [], 0.0
         for a in accepted:  # a bigger tree contains the smaller one: acceptance never drops with the budget
             best = max(best, a)
             monotone.append(best)
         return cls(budgets, tuple(monotone), tuple(float(d) for d in depths),
-                   tuple(tuple(int(x) for x in s) for s in samples))
+                   tuple(tuple(int(x) for x in s) for s in samples), float(model_share))
 
     def _values(self, max_depth: Optional[int]) -> tuple[float, ...]:
         if max_depth is None:

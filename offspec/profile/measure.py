@@ -6,6 +6,13 @@ largest budget B_max gives the acceptance at EVERY smaller budget: the tree Spec
 the top-B nodes (by cumulative draft log-prob) of the bigger tree, an ancestor-closed subset, so with
 greedy verification the accepted path at budget B is the prefix of the big tree's path whose nodes rank
 below B.
+
+Each drafter has its own curve: the draft model's (`acceptance`), the suffix drafter's (`acceptance_suffix`:
+its best-first tree at budget B is exactly the top-B nodes of the bigger one, so the same argument holds)
+and the hybrid's (`acceptance_hybrid`: an approximation, since the model's early stop and the merge depend
+on the budget). Every calibration prompt starts a fresh session (`engine.forget()`), so no drafter sees
+an earlier output of the same prompt. Suffix passes also give the suffix proposal time, hybrid passes the
+share of passes in which the draft model ran.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from ..errors import OffspecError
 from ..progress import ProgressEvent, ProgressFn, no_progress
 from ..sampling import TokenChooser
 from .planner import BUDGETS
+from .store import ACCEPTANCE_SECTIONS
 from .timing import PassTimer, SweepConfig, sweep, timed
 
 CALIBRATION_DEPTH = 64  # max_depth of calibration trees (the planner may choose a smaller cap)
@@ -90,9 +98,16 @@ class _Recorder:
         self.trees: list[tuple[list[int], list[int], int]] = []  # (ranks, depths, nodes expanded)
         self._expanded, self._in_extend = 0, False
 
+    def __getattr__(self, name):  # kind, reset, forget, modes, ...: the wrapped drafter's
+        return getattr(self.inner, name)
+
     def propose(self, tokens, config, temperature):
         runner = self.runner
         self._expanded = 0
+        if runner is None:  # no draft model: nothing to count
+            tree = self.inner.propose(tokens, config, temperature)
+            self.trees.append((_ranks(tree.scores[: tree.n]), tree.depths[: tree.n].tolist(), 0))
+            return tree
         original_forward, original_extend = runner.forward, runner.extend
 
         def forward(tokens_, *args, **kwargs):
@@ -140,15 +155,27 @@ def _accepted_at(path: list[int], ranks: list[int], depths: list[int], budgets: 
     return accepted, deepest
 
 
+@dataclass(frozen=True)
+class AcceptanceRun:
+    """What the calibration passes of one drafter measured."""
+
+    section: dict  # the profile's acceptance section for this drafter
+    expand_ratio: float  # draft nodes expanded per tree node (model drafter)
+    draft_seconds: float  # mean seconds to propose a tree
+
+
 def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passes: int,
-                       progress: ProgressFn = no_progress) -> tuple[dict, float]:
-    """Greedy speculative passes at max(budgets) on each prompt. Returns (acceptance section, expand ratio)."""
+                       progress: ProgressFn = no_progress, drafter: str = "model") -> AcceptanceRun:
+    """Greedy speculative passes at max(budgets) with `drafter` on each prompt, each in a fresh session."""
     engine = generator.engine
     big = max(budgets)
-    config = TreeConfig(budget=big, max_beams=0, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH)
+    # confident_budget 0: every pass proposes at most `big` nodes, so the top-B argument holds (the larger trees of
+    # confident suffix passes are left out of the curve: a conservative estimate for the planner)
+    config = TreeConfig(budget=big, max_beams=0, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH,
+                        drafter=drafter, confident_budget=0)
     recorder = _Recorder(engine.drafter)
     chooser = TokenChooser(SamplingConfig(), engine.target.device)
-    samples, depth_rows, ratios = [], [], []
+    samples, depth_rows, ratios, seconds, model_ran = [], [], [], [], []
     total = len(prompts) * passes
     engine.drafter = recorder
     try:
@@ -156,10 +183,11 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
             ids = generator.encode(record["prompt"])
             if len(ids) + big + 2 >= engine.max_context:
                 continue  # no room for even one calibration tree after this prompt
+            engine.forget()  # a fresh session: no drafter has seen this prompt's output
             engine.reset_to(ids)
             for j in range(passes):
-                progress(ProgressEvent("acceptance", f"acceptance at budget {big}: prompt {i + 1}/{len(prompts)}",
-                                       i * passes + j, total))
+                progress(ProgressEvent("acceptance", f"{drafter} acceptance at budget {big}: "
+                                       f"prompt {i + 1}/{len(prompts)}", i * passes + j, total))
                 if engine.room <= big + 1:
                     break
                 new, stats = engine.speculative_step(config, chooser, snapshot=True)
@@ -168,10 +196,13 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
                 samples.append(accepted)
                 depth_rows.append(deepest)
                 ratios.append(expanded / max(1, stats.tree_size))
+                seconds.append(stats.draft_seconds)
+                model_ran.append(stats.drafter in ("model", "hybrid"))
                 if any(t in generator.eos_ids for t in new):
                     break
     finally:
         engine.drafter = recorder.inner
+        engine.forget()
     progress(ProgressEvent("acceptance", "acceptance", total, total, finished=True))
     if not samples:
         raise OffspecError("no calibration pass could run: the context is too short for the calibration trees; "
@@ -181,8 +212,10 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
                "depths": [round(sum(d[k] for d in depth_rows) / n, 3) for k in range(len(budgets))],
                "samples": samples, "temperature": 0.0, "prompts": len(prompts), "passes": n,
                "branch": config.branch, "max_depth": CALIBRATION_DEPTH,
-               "pair": f"{generator.info.target} / {generator.info.draft}"}
-    return section, statistics.mean(ratios)
+               "pair": f"{generator.info.target} / {generator.info.draft}", "drafter": drafter}
+    if drafter == "hybrid":
+        section["model_share"] = round(sum(model_ran) / n, 4)
+    return AcceptanceRun(section, statistics.mean(ratios), statistics.mean(seconds))
 
 
 def measure_propose(generator, budgets: list[int], prompts: list[dict], progress: ProgressFn = no_progress,
@@ -201,7 +234,7 @@ def measure_propose(generator, budgets: list[int], prompts: list[dict], progress
         for k, b in enumerate(budgets if i == 0 else list(rows)):
             progress(ProgressEvent("propose", f"draft tree growth: budget {b}", i * len(budgets) + k,
                                    len(prompts) * len(budgets)))
-            config = TreeConfig(budget=b, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH)
+            config = TreeConfig(budget=b, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH, drafter="model")
             drafter.propose(tokens, config, 0.0)  # untimed: sizes the tree buffers for this budget
             rows.setdefault(b, []).append(timed(lambda: drafter.propose(tokens, config, 0.0), drafter.runner.device))
             if i == 0 and not worth(b, rows[b][-1]):
@@ -216,19 +249,22 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
     """The `timings` and `acceptance` sections of a profile for a loaded generator. Leaves the caches empty."""
     engine = generator.engine
     prompts = prompts if prompts is not None else calibration_prompts(config.prompts)
-    timer = PassTimer(engine.target, engine.drafter.runner, generator.tree.branch)
+    draft = engine.drafter.runner  # None without a draft model: suffix drafting only
+    timer = PassTimer(engine.target, draft, generator.tree.branch)
+    draft_points, propose = [], []
     try:
         # a realistic context under the timed passes: the first calibration prompt, prefilled in both models
         context = generator.encode(prompts[0]["prompt"])[-max(1, engine.max_context // 2):]
         engine.reset_to(context)
-        engine.drafter.runner.extend(context[engine.drafter.runner.length :])
         room = engine.target.capacity - engine.target.length
         target_cfg = _capped(config.target_sweep, min(room, engine.max_budget + 1))
         target_points, bound = sweep(timer.target_pass, engine.target.device, target_cfg, "target",
                                      "target pass time vs tokens", progress)
-        draft_room = engine.drafter.runner.capacity - engine.drafter.runner.length
-        draft_points, _ = sweep(timer.draft_step, engine.drafter.runner.device,
-                                _capped(config.draft_sweep, draft_room), "draft", "draft step time vs nodes", progress)
+        if draft is not None:
+            draft.extend(context[draft.length :])
+            draft_cfg = _capped(config.draft_sweep, draft.capacity - draft.length)
+            draft_points, _ = sweep(timer.draft_step, draft.device, draft_cfg, "draft", "draft step time vs nodes",
+                                    progress)
         head = timer.head()
 
         from .curves import CostCurve
@@ -240,7 +276,8 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
                 raise OffspecError(f"--max-tree {config.forced_budget} is above max_budget {engine.max_budget}; "
                                    f"raise --max-budget")
             budgets = sorted({b for b in BUDGETS if b < config.forced_budget} | {config.forced_budget})
-            propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress)
+            if draft is not None:
+                propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress)
         else:
             cap = min(config.largest_budget, engine.max_budget)
             budgets = [b for b in BUDGETS if b <= cap and (curve(b + 1) <= limit or b <= config.smallest_budget)]
@@ -249,19 +286,21 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
             budgets = [b for b in budgets if b < fits] or [b for b in BUDGETS if b < fits][:1] or budgets[:1]
             # growing the tree counts too: once growth + verification cost more than the limit, bigger trees
             # cannot pay off (their acceptance passes are the slowest part of a profile on a CPU)
-            propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress,
-                                      worth=lambda b, s: s + curve(b + 1) <= limit or b <= config.smallest_budget)
-            budgets = [b for b, _ in propose]
-        acceptance, expand_ratio = measure_acceptance(generator, budgets, prompts, config.passes, progress)
+            if draft is not None:
+                propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress,
+                                          worth=lambda b, s: s + curve(b + 1) <= limit or b <= config.smallest_budget)
+                budgets = [b for b, _ in propose]
+        runs = {mode: measure_acceptance(generator, budgets, prompts, config.passes, progress, drafter=mode)
+                for mode in engine.drafter.modes}
     finally:
-        engine.tokens = []  # forget the calibration conversation
-        engine.target.cache.truncate(0)
-        engine.drafter.runner.cache.truncate(0)
+        engine.forget()  # forget the calibration conversation
     timings = {"context_tokens": len(context), "target_pass": [[n, round(s, 7)] for n, s in target_points],
-               "target_head_seconds": round(head, 7), "draft_step": [[n, round(s, 7)] for n, s in draft_points],
-               "draft_propose": propose, "expand_ratio": round(expand_ratio, 4),
-               "calibration_depth": CALIBRATION_DEPTH, "compute_bound_from": bound}
-    return {"timings": timings, "acceptance": acceptance}
+               "target_head_seconds": round(head, 7), "calibration_depth": CALIBRATION_DEPTH,
+               "compute_bound_from": bound, "suffix_propose_seconds": round(runs["suffix"].draft_seconds, 7)}
+    if draft is not None:
+        timings.update(draft_step=[[n, round(s, 7)] for n, s in draft_points], draft_propose=propose,
+                       expand_ratio=round(runs["model"].expand_ratio, 4))
+    return {"timings": timings, **{ACCEPTANCE_SECTIONS[mode]: run.section for mode, run in runs.items()}}
 
 
 def _capped(sweep_cfg: SweepConfig, room: int) -> SweepConfig:

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..config import TreeConfig
+from ..config import DRAFTERS, TreeConfig
 from ..errors import OffspecError
 from .curves import AcceptanceCurve, CostCurve
 
@@ -36,6 +36,7 @@ class PlannerConfig:
     depths: tuple[int, ...] = DEPTHS
     branch: int = TreeConfig.branch  # children per expanded node (not planned: calibration used this value)
     max_budget: int = 4096  # the engine's cap (LoadConfig.max_budget)
+    drafter: str = "model"  # model, suffix or hybrid: the drafter planned for (its acceptance curve is given)
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,11 @@ class PairCosts:
 
     target_pass: CostCurve  # tokens in one target forward -> seconds
     target_head: float  # seconds of the LM head + token choice, per position of the acceptance walk
-    draft_step: CostCurve  # nodes expanded in one batched draft step -> seconds (forward, LM head, top-k)
+    draft_step: Optional[CostCurve]  # nodes expanded in one batched draft step -> seconds; None: no draft model
     draft_propose: Optional[CostCurve] = None  # budget -> seconds to grow a whole tree at the automatic beams
     expand_ratio: float = 1.0  # draft nodes expanded per tree node (growth also expands nodes trimmed later)
     calibration_depth: int = 64  # max_depth the whole-tree draft times were measured with
+    suffix_seconds: float = 0.0  # one suffix proposal (index lookup and candidate tree), per pass
 
     def autoregressive_seconds(self) -> float:
         return self.target_pass(1) + self.target_head
@@ -61,6 +63,7 @@ class PlanPoint:
     accepted: float  # mean accepted draft tokens per pass
     draft_seconds: float
     target_seconds: float
+    drafter: str = "model"
 
     @property
     def tokens_per_pass(self) -> float:
@@ -76,7 +79,7 @@ class PlanPoint:
 
     def as_dict(self) -> dict:
         return {"budget": self.budget, "max_beams": self.max_beams, "max_depth": self.max_depth,
-                "accepted": round(self.accepted, 4), "draft_seconds": round(self.draft_seconds, 6),
+                "drafter": self.drafter, "accepted": round(self.accepted, 4), "draft_seconds": round(self.draft_seconds, 6),
                 "target_seconds": round(self.target_seconds, 6), "tokens_per_second": round(self.tokens_per_second, 4)}
 
 
@@ -101,7 +104,7 @@ class Plan:
 
     def tree(self) -> TreeConfig:
         return TreeConfig(budget=self.best.budget, max_beams=self.best.max_beams, branch=self.branch,
-                          max_depth=self.best.max_depth)
+                          max_depth=self.best.max_depth, drafter=self.best.drafter)
 
     def at(self, budget: int) -> PlanPoint:
         """The curve's point nearest to `budget` (in log scale)."""
@@ -126,7 +129,15 @@ def _model_draft(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, bea
     return costs.draft_step(2) + steps * costs.draft_step(w)
 
 
-def draft_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int) -> float:
+def draft_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int,
+                  drafter: str = "model") -> float:
+    if drafter == "suffix":
+        return costs.suffix_seconds
+    model = _model_tree_seconds(costs, acceptance, budget, beams, depth)
+    return model if drafter == "model" else costs.suffix_seconds + acceptance.model_share * model
+
+
+def _model_tree_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int) -> float:
     modelled = _model_draft(costs, acceptance, budget, beams, depth)
     if costs.draft_propose is None:
         return modelled
@@ -137,11 +148,12 @@ def draft_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, be
 
 
 def evaluate(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int,
-             acceptance_scale: float = 1.0) -> PlanPoint:
+             acceptance_scale: float = 1.0, drafter: str = "model") -> PlanPoint:
     accepted = min(acceptance(budget, depth) * acceptance_scale, float(budget), float(depth))
     target = costs.target_pass(budget + 1) + (1.0 + accepted) * costs.target_head
     return PlanPoint(budget=budget, max_beams=beams, max_depth=depth, accepted=accepted,
-                     draft_seconds=draft_seconds(costs, acceptance, budget, beams, depth), target_seconds=target)
+                     draft_seconds=draft_seconds(costs, acceptance, budget, beams, depth, drafter),
+                     target_seconds=target, drafter=drafter)
 
 
 def plan(costs: PairCosts, acceptance: AcceptanceCurve, config: PlannerConfig = PlannerConfig(),
@@ -150,14 +162,22 @@ def plan(costs: PairCosts, acceptance: AcceptanceCurve, config: PlannerConfig = 
     budgets = [b for b in config.budgets if b <= config.max_budget]
     if not budgets:
         raise OffspecError(f"no candidate budget fits max_budget {config.max_budget}; raise max_budget")
+    if config.drafter not in DRAFTERS:
+        raise OffspecError(f"unknown drafter {config.drafter!r}; use {', '.join(DRAFTERS)}")
+    if config.drafter != "suffix" and costs.draft_step is None:
+        raise OffspecError(f"the {config.drafter} drafter needs draft model timings, and these costs have none")
     # depth caps change acceptance only where per-pass samples say by how much; else keep the engine's default
     depths = list(config.depths) if acceptance.samples else [TreeConfig.max_depth]
     curve = []
     for b in budgets:
         best_here: Optional[PlanPoint] = None
-        for w in sorted({min(w, b) for w in config.beams} | {auto_beams(b)}):
+        # beams shape the model's growth; the suffix drafter has none (its passes use the automatic value)
+        widths = sorted({min(w, b) for w in config.beams} | {auto_beams(b)})
+        if config.drafter == "suffix":
+            widths = [auto_beams(b)]
+        for w in widths:
             for d in depths:
-                point = evaluate(costs, acceptance, b, w, d, acceptance_scale)
+                point = evaluate(costs, acceptance, b, w, d, acceptance_scale, config.drafter)
                 if best_here is None or point.tokens_per_second > best_here.tokens_per_second * (1 + 1e-9):
                     best_here = point
         curve.append(best_here)
@@ -171,7 +191,7 @@ def plan(costs: PairCosts, acceptance: AcceptanceCurve, config: PlannerConfig = 
                      f"a profile with bigger trees may find a better one")
     ar = 1.0 / costs.autoregressive_seconds()
     if best.tokens_per_second <= ar:
-        notes.append("no tree beats the target alone on this set-up (the draft is too slow or accepts too little); "
-                     "--budget auto decodes with the target alone")
+        notes.append(f"no tree beats the target alone on this set-up (the {config.drafter} drafter is too slow or "
+                     f"accepts too little); --budget auto decodes with the target alone")
     return Plan(best=best, curve=tuple(curve), autoregressive_tokens_per_second=ar, branch=config.branch,
                 acceptance_scale=acceptance_scale, notes=tuple(notes))

@@ -2,7 +2,7 @@
 
 `SCHEMA` is the one definition: `profiles/schema.json` is its dump (a test keeps them equal), and
 `validate()` interprets the subset of JSON Schema it uses (type, const, enum, required, properties,
-items, minItems, maxItems, minimum, allOf, if/then), so no extra dependency is needed. Errors name the
+items, minItems, maxItems, minimum, allOf, if/then/else), so no extra dependency is needed. Errors name the
 file and the field: `profile x.json: field timings.target_pass[2][1]: expected a number, got "fast"`.
 """
 
@@ -38,6 +38,8 @@ ACCEPTANCE = {
         "branch": {"type": "integer", "minimum": 1},
         "max_depth": {"type": "integer", "minimum": 1},
         "pair": {"type": "string", "description": "the draft/target pair this was measured with"},
+        "drafter": {"enum": ["model", "suffix", "hybrid"], "description": "who proposed the trees (default model)"},
+        "model_share": {**_NUM, "description": "hybrid: share of passes in which the draft model ran"},
     },
 }
 
@@ -97,25 +99,30 @@ SCHEMA: dict[str, Any] = {
         },
         "timings": {
             "type": "object",
-            "required": ["context_tokens", "target_pass", "target_head_seconds", "draft_step"],
+            "required": ["context_tokens", "target_pass", "target_head_seconds"],
             "properties": {
                 "context_tokens": {"type": "integer", "minimum": 0},
                 "target_pass": {**_PAIRS, "description": "[tokens, seconds] of one target forward"},
                 "target_head_seconds": {**_NUM, "description": "LM head + token choice per walk position"},
-                "draft_step": {**_PAIRS, "description": "[nodes expanded at once, seconds] of one draft step"},
+                "draft_step": {**_PAIRS, "description": "[nodes expanded at once, seconds] of one draft step "
+                                                        "(absent without a draft model)"},
                 "draft_propose": {**_PAIRS, "description": "[budget, seconds] to grow a whole tree (auto beams)"},
                 "expand_ratio": _NUM,
                 "calibration_depth": {"type": "integer", "minimum": 1},
                 "compute_bound_from": _OPT_INT,
+                "suffix_propose_seconds": {**_NUM, "description": "one suffix-drafter proposal, per pass"},
             },
         },
-        "acceptance": ACCEPTANCE,
+        "acceptance": {**ACCEPTANCE, "description": "the draft model's acceptance (absent without a draft model)"},
+        "acceptance_suffix": {**ACCEPTANCE, "description": "the suffix drafter's acceptance"},
+        "acceptance_hybrid": {**ACCEPTANCE, "description": "the hybrid drafter's acceptance"},
         "plan": {
             "type": "object",
             "required": ["budget", "max_beams", "max_depth", "predicted_tokens_per_second"],
             "properties": {
                 "budget": {"type": "integer", "minimum": 1}, "max_beams": {"type": "integer", "minimum": 1},
                 "max_depth": {"type": "integer", "minimum": 1}, "branch": {"type": "integer", "minimum": 1},
+                "drafter": {"enum": ["model", "suffix", "hybrid"], "description": "the drafter planned for"},
                 "predicted_tokens_per_second": _NUM, "autoregressive_tokens_per_second": _NUM,
                 "predicted_speedup": _NUM,
                 "speculate": {"type": "boolean", "description": "false: no tree is predicted to beat the target "
@@ -124,7 +131,11 @@ SCHEMA: dict[str, Any] = {
         },
     },
     "allOf": [{"if": {"properties": {"kind": {"const": "measured"}}},
-               "then": {"required": ["fingerprint", "key", "models", "timings", "acceptance", "plan"]}}],
+               "then": {"required": ["fingerprint", "key", "models", "timings", "plan"],
+                        "allOf": [{"if": {"properties": {"models": {"properties": {"draft": {"const": "none"}}}}},
+                                   "then": {"required": ["acceptance_suffix"]},
+                                   "else": {"required": ["acceptance", "timings"],
+                                            "properties": {"timings": {"required": ["draft_step"]}}}}]}}],
 }
 
 ACCEPTANCE_FILE_SCHEMA: dict[str, Any] = {
@@ -132,7 +143,7 @@ ACCEPTANCE_FILE_SCHEMA: dict[str, Any] = {
     "required": ["format", "version", "sources", "acceptance"],
     "properties": {"format": {"const": ACCEPTANCE_FORMAT}, "version": {"const": VERSION},
                    "sources": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                   "acceptance": ACCEPTANCE},
+                   "acceptance": ACCEPTANCE, "acceptance_suffix": ACCEPTANCE, "acceptance_hybrid": ACCEPTANCE},
 }
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
@@ -182,9 +193,9 @@ def _errors(value: Any, schema: dict, path: str) -> list[str]:
             for i, item in enumerate(value):
                 problems += _errors(item, schema["items"], f"{path}[{i}]")
     for rule in schema.get("allOf", []):
-        if "if" in rule and not _errors(value, rule["if"], path):
-            problems += _errors(value, rule.get("then", {}), path)
-        elif "if" not in rule:
+        if "if" in rule:
+            problems += _errors(value, rule.get("then" if not _errors(value, rule["if"], path) else "else", {}), path)
+        else:
             problems += _errors(value, rule, path)
     return problems
 
@@ -204,17 +215,20 @@ def validate(data: Any, source: str, schema: dict = SCHEMA) -> Any:
 
 def _check_lengths(data: dict, source: str) -> None:
     """What JSON Schema cannot say: per-budget lists have one entry per budget."""
-    acc = data.get("acceptance")
-    if not isinstance(acc, dict):
-        return
+    for section in ("acceptance", "acceptance_suffix", "acceptance_hybrid"):
+        if isinstance(data.get(section), dict):
+            _check_section(data[section], source, section)
+
+
+def _check_section(acc: dict, source: str, section: str) -> None:
     n = len(acc["budgets"])
     for name in ("accepted", "depths"):
         if name in acc and len(acc[name]) != n and (name == "accepted" or acc[name]):
-            raise OffspecError(f"profile {source}: field acceptance.{name}: needs one value per budget "
+            raise OffspecError(f"profile {source}: field {section}.{name}: needs one value per budget "
                                f"({n}), got {len(acc[name])}")
     for i, sample in enumerate(acc.get("samples", [])):
         if len(sample) != n:
-            raise OffspecError(f"profile {source}: field acceptance.samples[{i}]: needs one count per budget "
+            raise OffspecError(f"profile {source}: field {section}.samples[{i}]: needs one count per budget "
                                f"({n}), got {len(sample)}")
     if list(acc["budgets"]) != sorted(set(acc["budgets"])):
-        raise OffspecError(f"profile {source}: field acceptance.budgets: must be strictly increasing")
+        raise OffspecError(f"profile {source}: field {section}.budgets: must be strictly increasing")

@@ -138,21 +138,33 @@ def save_profile(data: dict, path: Path) -> Path:
 
 
 def costs_of(data: dict, source: str = "profile") -> PairCosts:
-    """The planner's cost model from a measured profile's `timings`."""
+    """The planner's cost model from a measured profile's `timings` (no draft_step: no draft model)."""
     t = data["timings"]
     propose = t.get("draft_propose")
     return PairCosts(target_pass=CostCurve.of(t["target_pass"], f"{source}: timings.target_pass"),
                      target_head=float(t["target_head_seconds"]),
-                     draft_step=CostCurve.of(t["draft_step"], f"{source}: timings.draft_step"),
+                     draft_step=CostCurve.of(t["draft_step"], f"{source}: timings.draft_step") if "draft_step" in t
+                     else None,
                      draft_propose=CostCurve.of(propose, f"{source}: timings.draft_propose") if propose else None,
                      expand_ratio=float(t.get("expand_ratio", 1.0)),
-                     calibration_depth=int(t.get("calibration_depth", 64)))
+                     calibration_depth=int(t.get("calibration_depth", 64)),
+                     suffix_seconds=float(t.get("suffix_propose_seconds", 0.0)))
 
 
-def acceptance_of(data: dict, source: str = "profile") -> AcceptanceCurve:
-    acc = data["acceptance"]
+ACCEPTANCE_SECTIONS = {"model": "acceptance", "suffix": "acceptance_suffix", "hybrid": "acceptance_hybrid"}
+
+
+def acceptance_of(data: dict, source: str = "profile", drafter: str = "model") -> AcceptanceCurve:
+    """The acceptance curve of one drafter (`ACCEPTANCE_SECTIONS` names its section of the profile)."""
+    section = ACCEPTANCE_SECTIONS[drafter]
+    acc = data[section]
     return AcceptanceCurve.of(acc["budgets"], acc["accepted"], acc.get("depths", ()), acc.get("samples", ()),
-                              what=f"{source}: acceptance")
+                              what=f"{source}: {section}", model_share=float(acc.get("model_share", 1.0)))
+
+
+def acceptance_curves(data: dict, source: str = "profile") -> dict[str, AcceptanceCurve]:
+    """Every drafter's curve that `data` (a profile or an acceptance file) holds, by drafter."""
+    return {d: acceptance_of(data, source, d) for d, section in ACCEPTANCE_SECTIONS.items() if section in data}
 
 
 def reference_profiles() -> list[Path]:

@@ -290,7 +290,8 @@ class ChatScreen(Screen[None]):
             self.session.update_settings(settings)
             self.refresh_status()
             self.notify(f"Settings saved: temperature {settings.temperature:g} · top-p {settings.top_p:g} · "
-                        f"budget {format_budget(settings.budget)} · max tokens {settings.max_new_tokens}")
+                        f"budget {format_budget(settings.budget)} · drafter {settings.drafter or 'auto'} · "
+                        f"max tokens {settings.max_new_tokens}")
 
         self.app.push_screen(SettingsScreen(self.session.settings, self.session.system_prompt), apply)
 

@@ -1,4 +1,4 @@
-"""The settings form: temperature, top-p, tree budget (auto or a number), reply length and system prompt."""
+"""The settings form: temperature, top-p, tree budget (auto or a number), drafter, reply length, system prompt."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from textual.widgets import Button, Input, Label, Static, TextArea
 
 from offspec.errors import OffspecError
 
-from ..settings import ChatSettings, format_budget, parse_settings
+from ..settings import ChatSettings, format_budget, format_drafter, parse_settings
 
 FIELDS = (  # (input id, label, placeholder)
     ("temperature", "Temperature", "0 = greedy, e.g. 0.7"),
     ("top_p", "Top-p", "in (0, 1], e.g. 0.95"),
     ("budget", "Tree budget", "auto, or draft tokens per pass, e.g. 64"),
+    ("drafter", "Drafter", "auto, model, suffix (text already seen) or hybrid (both)"),
     ("max_new_tokens", "Max tokens", "reply length limit, e.g. 1024"),
 )
 
@@ -47,6 +48,7 @@ class SettingsScreen(ModalScreen["ChatSettings | None"]):
             "temperature": f"{self.settings.temperature:g}",
             "top_p": f"{self.settings.top_p:g}",
             "budget": format_budget(self.settings.budget),
+            "drafter": format_drafter(self.settings.drafter),
             "max_new_tokens": str(self.settings.max_new_tokens),
         }
         with Vertical():

@@ -1,0 +1,114 @@
+"""The drafter the engine holds: the draft model's tree, suffix candidates, or both merged into one tree.
+
+Each pass's `TreeConfig.drafter` picks the mode:
+- "model": SpecExec growth on the draft model (`TreeDrafter`);
+- "suffix": continuations of text already seen (`SuffixDrafter`), no model at all;
+- "hybrid": the suffix candidates first (they cost almost nothing), then the draft model grows its tree
+  with those candidates competing for the same budget: it stops once no open node can beat the
+  `budget`-th best of both, so where the suffix candidates are strong it takes fewer steps. Where the
+  match is long and its continuation clear (`SuffixDrafter.confident`), the model is not run at all
+  (SuffixDecoding's adaptive speculation). The two trees are merged into one (`merge_trees`: the same
+  token at the same place is one node, scored by the better of its two scores) under one budget, and
+  the target verifies it in one pass as usual.
+
+Both parts see every conversation change (`reset`), whichever mode runs, so switching modes between
+passes or calls is always safe: the draft model catches up on the tokens it has not seen.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .config import DRAFTERS, SuffixConfig, TreeConfig
+from .drafter import TreeDrafter
+from .errors import OffspecError
+from .suffix_drafter import SuffixDrafter
+from .tree import DraftTree, merge_trees
+
+
+class HybridDrafter:
+    def __init__(self, model: Optional[TreeDrafter], suffix: SuffixDrafter):
+        self.model, self.suffix = model, suffix
+        self.kind = "hybrid"  # what built the last tree: "model", "suffix" or "hybrid"
+        self._ran_model = False
+        self._source: Optional[list[int]] = None  # merged node -> node of the model's tree (-1: suffix only)
+        self._out: Optional[DraftTree] = None
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes this drafter can run: all three with a draft model, else suffix only."""
+        return DRAFTERS if self.model is not None else ("suffix",)
+
+    @property
+    def default_mode(self) -> str:
+        return "hybrid" if self.model is not None else "suffix"
+
+    @property
+    def runner(self):
+        """The draft model's runner (None without a draft model)."""
+        return self.model.runner if self.model is not None else None
+
+    def check_mode(self, mode: Optional[str]) -> str:
+        mode = mode or self.default_mode
+        if mode not in self.modes:
+            raise OffspecError(f"drafter {mode!r} needs a draft model, and none is loaded (--draft none); "
+                               f"use drafter suffix, or load a draft model")
+        return mode
+
+    # --- the Drafter interface -------------------------------------------------------------------
+    def propose(self, tokens: list[int], config: TreeConfig, temperature: float) -> DraftTree:
+        mode = self.check_mode(config.drafter)
+        self._source = None
+        if mode == "model":
+            self.kind, self._ran_model = "model", True
+            return self.model.propose(tokens, config, temperature)
+        suffix_tree = self.suffix.propose(tokens, config, temperature)
+        if mode == "suffix" or self.suffix.confident:
+            self.kind, self._ran_model = "suffix", False
+            return suffix_tree
+        rival = suffix_tree.scores[1 : suffix_tree.n]  # (r,) the suffix candidates' scores
+        model_tree = self.model.propose(tokens, config, temperature, rival=rival)
+        out = self._out_for(config.budget)
+        self._source = merge_trees(model_tree, suffix_tree, config.budget, out).tolist()  # sync: observe() reads it
+        self.kind, self._ran_model = "hybrid", True
+        return out
+
+    def observe(self, accepted: list[int], n_committed: int) -> None:
+        """The model keeps the accepted nodes it processed: the accepted path mapped onto its own tree."""
+        if not self._ran_model:
+            return
+        path = accepted
+        if self._source is not None:
+            path = [0]
+            for node in accepted[1:]:
+                if self._source[node] < 0:
+                    break  # a suffix-only node: the model's tree ends here on this path
+                path.append(self._source[node])
+        self.model.observe(path, n_committed)
+
+    def reset(self, previous: Sequence[int], tokens: Sequence[int], common: int) -> None:
+        if self.model is not None:
+            self.model.reset(previous, tokens, common)
+        self.suffix.reset(previous, tokens, common)
+
+    def forget(self) -> None:
+        if self.model is not None:
+            self.model.forget()
+        self.suffix.forget()
+
+    def use_history(self, enabled: bool) -> None:
+        """The suffix drafter's index over earlier generations of the session: on, or off (e.g. benchmarks)."""
+        self.suffix.use_history(enabled)
+
+    def _out_for(self, budget: int) -> DraftTree:
+        if self._out is None or self._out.capacity != budget + 1:
+            self._out = DraftTree(budget + 1, self.suffix.device)
+        return self._out
+
+
+def build_drafter(draft_runner, device: torch.device, suffix_config: SuffixConfig = SuffixConfig()) -> HybridDrafter:
+    """The engine's drafter for a loaded pair (`draft_runner` None: no draft model, suffix drafts only)."""
+    model = TreeDrafter(draft_runner) if draft_runner is not None else None
+    return HybridDrafter(model, SuffixDrafter(suffix_config, device))

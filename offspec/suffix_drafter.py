@@ -1,0 +1,119 @@
+"""Drafting without a draft model: continuations of text already seen (SuffixDecoding-style).
+
+`SuffixDrafter` keeps a suffix index (`offspec.suffix_index`) over the conversation (system prompt, every
+turn, the output so far: the committed token sequence) and, optionally, a bounded index over the earlier
+generations of the session. Each pass it finds the longest suffix of the conversation seen before and
+proposes the most frequent continuations of its occurrences as a tree, best first, in the same tensor
+format as the model drafter. A node's score is a log-probability estimate from the counts:
+
+    score = log(count / (occurrences + prior_count)) + log(m / (m + match_half))
+
+(count: occurrences continuing along the node's path; m: the match length). It never increases along a
+path, so the tree is trimmed and merged exactly like a draft model's. Candidates reach at most
+`spec_factor * m` tokens deep: a long match speculates far, a short one a little (adaptive speculation).
+A long match whose best continuation is clear (`SuffixConfig.confident_match`, `confident_share`) may
+propose up to `TreeConfig.confident_budget` nodes instead of `budget`: copying code that was given is
+where long drafts pay, and the hybrid drafter then skips the draft model.
+Any tree is lossless (the target verifies every token), so these scores only decide what is proposed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from .config import SuffixConfig, TreeConfig
+from .suffix_index import Match, SuffixIndex, continuations
+from .tree import DraftTree
+
+
+class SuffixDrafter:
+    kind = "suffix"
+
+    def __init__(self, config: SuffixConfig = SuffixConfig(), device: torch.device | str = "cpu"):
+        self.config = config.validate()
+        self.device = torch.device(device)
+        self.conversation = SuffixIndex(config.key_length)  # the committed sequence, bounded by the context
+        self.history: Optional[SuffixIndex] = (SuffixIndex(config.key_length, max_tokens=config.global_tokens)
+                                               if config.global_tokens else None)  # earlier generations
+        self._prompt_length = 0  # tokens of the current conversation that came in as its prompt
+        self._tree: Optional[DraftTree] = None
+        self.match = Match(0, ())  # the last proposal's match (its length and occurrences)
+        self.confident = False  # the last match was long and its best continuation clear (see SuffixConfig)
+
+    # --- the Drafter interface -------------------------------------------------------------------
+    def reset(self, previous: Sequence[int], tokens: Sequence[int], common: int) -> None:
+        """A new or edited conversation: what the previous one generated joins the session history."""
+        if self.history is not None and len(previous) > self._prompt_length:
+            self.history.add_sequence(previous[self._prompt_length :])
+        self.conversation.truncate(common)
+        self._prompt_length = len(tokens)
+
+    def forget(self) -> None:
+        """Drop the conversation and the session history."""
+        self.conversation.clear()
+        if self.history is not None:
+            self.history.clear()
+        self._prompt_length = 0
+
+    def use_history(self, enabled: bool) -> None:
+        """Switch the index over earlier generations on (empty, bounded by `global_tokens`) or off (dropped)."""
+        if not enabled:
+            self.history = None
+        elif self.history is None and self.config.global_tokens:
+            self.history = SuffixIndex(self.config.key_length, max_tokens=self.config.global_tokens)
+
+    def propose(self, tokens: Sequence[int], config: TreeConfig, temperature: float = 0.0) -> DraftTree:
+        """At most `config.budget` continuations of the longest matching suffix of `tokens`; up to
+        `config.confident_budget` when the match is long and its best continuation clear (`confident`)."""
+        self.conversation.extend(tokens[self.conversation.end :])  # the tokens committed since the last pass
+        occurrences, m = self._longest(tokens)
+        c = self.config
+        self.confident = m >= c.confident_match and _top_share(occurrences) >= c.confident_share
+        budget = max(config.budget, config.confident_budget) if self.confident else config.budget
+        tree = self._tree_for(max(config.budget, config.confident_budget))
+        tree.reset(int(tokens[-1]))
+        if m < c.min_match:
+            return tree
+        depth = min(config.max_depth, max(1, math.ceil(c.spec_factor * m)))
+        cont = continuations(occurrences, budget, depth)
+        confidence = math.log(m / (m + c.match_half))
+        norm = math.log(cont.total + c.prior_count)
+        scores = torch.tensor([math.log(k) - norm + confidence for k in cont.counts], dtype=torch.float32)  # (k,)
+        parents = torch.tensor(cont.parents, dtype=torch.long) + 1  # (k,) the root is node 0
+        tree.add_nodes(parents, torch.tensor(cont.tokens, dtype=torch.long), scores)
+        return tree
+
+    def observe(self, accepted: list[int], n_committed: int) -> None:
+        """Nothing to do: the committed tokens are indexed at the start of the next proposal."""
+
+    # --- the search ------------------------------------------------------------------------------
+    def _longest(self, tokens: Sequence[int]) -> tuple[list[tuple[SuffixIndex, int]], int]:
+        """The (index, position) occurrences of the longest suffix of `tokens` found in the conversation or
+        the history (both, when they match equally long; the most recent `max_occurrences`), and its length."""
+        c = self.config
+        found = [(index, index.longest_match(tokens, c.max_match, c.max_occurrences))
+                 for index in (self.history, self.conversation) if index is not None]
+        m = max(match.length for _, match in found)
+        occurrences = [(index, j) for index, match in found if match.length == m for j in match.positions]
+        occurrences = occurrences[-c.max_occurrences :]
+        self.match = Match(m, tuple(j for _, j in occurrences))
+        return occurrences, m
+
+    def _tree_for(self, budget: int) -> DraftTree:
+        if self._tree is None or self._tree.capacity != budget + 1:
+            self._tree = DraftTree(budget + 1, self.device)
+        return self._tree
+
+
+def _top_share(occurrences: Sequence[tuple[SuffixIndex, int]]) -> float:
+    """The share of occurrences followed by their most common next token."""
+    if not occurrences:
+        return 0.0
+    counts: dict[int, int] = {}
+    for index, j in occurrences:
+        t = index.token(j)
+        counts[t] = counts.get(t, 0) + 1
+    return max(counts.values()) / len(occurrences)
