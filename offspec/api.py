@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
 from .cpu_linear import speed_up_cpu_linears
-from .config import GenerationConfig, LoadConfig, TreeConfig, split_auto_budget, split_options
+from .config import (GenerationConfig, LoadConfig, TreeConfig, budget_room_error, split_auto_budget,
+                     split_options)
 from .drafter import TreeDrafter
 from .engine import SpeculativeEngine
 from .errors import OffspecError
@@ -54,16 +56,23 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress: Optional[ProgressFn] = None,
-         **options: Any) -> Generator:
-    """Load a target and a draft model (None = the built-in default pair) and return a `Generator`.
+@dataclass(frozen=True)
+class LoadPlan:
+    """Everything `load` decides from its arguments alone, before touching a model."""
 
-    Options (by field name): LoadConfig (device, dtype, max_context, max_budget, attn_implementation),
-    TreeConfig (budget, max_beams, branch, max_depth) and GenerationConfig (max_new_tokens, speculate).
-    """
-    from .loading import load_pair  # heavy imports only when loading
+    load: LoadConfig
+    tree: TreeConfig
+    generation: GenerationConfig
+    offload: OffloadConfig
+    auto_budget: bool  # budget="auto": planned after loading
+    fixed_budget: bool  # a budget was given
+    device: torch.device
+    dtype: torch.dtype
 
-    progress = progress or no_progress
+
+def check_options(target: Optional[str] = None, draft: Optional[str] = None, **options: Any) -> LoadPlan:
+    """Validate `load`'s arguments without loading anything: a bad option is an OffspecError in milliseconds
+    (the CLI and the chat call this before they start)."""
     options, auto_budget = split_auto_budget(options)  # budget="auto" (the default) is planned after loading
     load_cfg, tree_cfg, gen_cfg = split_options(dict(options, target=target, draft=draft),
                                                 LoadConfig, TreeConfig, GenerationConfig)
@@ -71,10 +80,27 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     tree_cfg.validate()
     gen_cfg.validate()
     if tree_cfg.budget > load_cfg.max_budget:
-        raise OffspecError(f"budget {tree_cfg.budget} is above max_budget {load_cfg.max_budget}; raise max_budget")
-    offload = OffloadConfig.from_load_config(load_cfg)  # offloading budgets; bad sizes fail here, before loading
+        raise budget_room_error(tree_cfg.budget, load_cfg.max_budget)
+    offload = OffloadConfig.from_load_config(load_cfg)  # bad sizes or an unwritable --offload-dir fail here
     device = resolve_device(load_cfg.device)
-    dtype = resolve_dtype(load_cfg.dtype, device)
+    return LoadPlan(load_cfg, tree_cfg, gen_cfg, offload, auto_budget, "budget" in options, device,
+                    resolve_dtype(load_cfg.dtype, device))
+
+
+def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress: Optional[ProgressFn] = None,
+         **options: Any) -> Generator:
+    """Load a target and a draft model (None = the built-in default pair) and return a `Generator`.
+
+    Options (by field name): LoadConfig (device, dtype, max_context, max_budget, attn_implementation),
+    TreeConfig (budget, max_beams, branch, max_depth) and GenerationConfig (max_new_tokens, speculate).
+    Every option is checked (`check_options`) before any model is touched.
+    """
+    from .loading import load_pair  # heavy imports only when loading
+
+    progress = progress or no_progress
+    plan = check_options(target, draft, **options)
+    load_cfg, tree_cfg, gen_cfg, offload = plan.load, plan.tree, plan.generation, plan.offload
+    device, dtype, auto_budget = plan.device, plan.dtype, plan.auto_budget
     t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
                      attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
 
@@ -94,7 +120,7 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
                                max_budget=load_cfg.max_budget)
     info = ModelInfo(target=t.name, draft=d.name, device=str(device), dtype=str(dtype).replace("torch.", ""),
                      max_context=max_context, default_budget=tree_cfg.budget,
-                     extra={"budget_source": "fixed" if "budget" in options else "default"})
+                     extra={"budget_source": "fixed" if plan.fixed_budget else "default"})
     if t.offload is not None:
         info.extra["placement"] = t.offload.summary()  # offloading: where the target's layers live
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Iterator, Optional, Sequence
 
-from .config import GenerationConfig, SamplingConfig, TreeConfig
+from .config import GenerationConfig, SamplingConfig, TreeConfig, budget_room_error, generation_configs
 from .engine import SpeculativeEngine
 from .errors import OffspecError
 from .sampling import TokenChooser
@@ -66,17 +66,14 @@ class Generator:
                top_p: float = 1.0, top_k: int = 0, budget: Optional[int] = None, seed: Optional[int] = None,
                speculate: Optional[bool] = None, stop: Sequence[str] = (),
                cancel: Optional[threading.Event] = None) -> Iterator[StreamEvent]:
-        sampling = SamplingConfig(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                                  seed=seed).validate()
-        gen = GenerationConfig(
-            max_new_tokens=int(max_new_tokens if max_new_tokens is not None else self.generation.max_new_tokens),
-            stop=tuple(stop), speculate=self.generation.speculate if speculate is None else bool(speculate),
-        ).validate()
+        sampling, gen = generation_configs(dict(
+            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
+            max_new_tokens=self.generation.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            speculate=self.generation.speculate if speculate is None else bool(speculate)))
         tree = self.tree if budget is None else replace(self.tree, budget=budget)
         tree.validate()
         if tree.budget > self.engine.max_budget:
-            raise OffspecError(f"budget {tree.budget} is above max_budget {self.engine.max_budget} set at load; "
-                               f"load with max_budget={tree.budget} or use a smaller budget")
+            raise budget_room_error(tree.budget, self.engine.max_budget)
         prompt_ids = self.encode(prompt)
         if not self._lock.acquire(blocking=False):
             raise OffspecError("a generation is already running on this generator; wait for it or cancel it")
