@@ -17,6 +17,7 @@ from .generator import Generator
 from .offload.config import OffloadConfig
 from .progress import ProgressEvent, ProgressFn, no_progress
 from .runner import ModelRunner
+from .threads import configure_threads
 from .types import ModelInfo
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -101,8 +102,12 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     plan = check_options(target, draft, **options)
     load_cfg, tree_cfg, gen_cfg, offload = plan.load, plan.tree, plan.generation, plan.offload
     device, dtype, auto_budget = plan.device, plan.dtype, plan.auto_budget
+    # CPU threads: fixed by the user, or sized to the cores other processes leave free (sampled over the load)
+    governor = configure_threads(load_cfg.threads) if device.type == "cpu" else None
     t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
                      attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
+    if governor is not None:
+        governor.update(force=True)  # before the warm-up and the budget plan, which time passes
 
     if device.type == "cpu":
         for model in (t.model, d.model):
@@ -124,6 +129,9 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     if t.offload is not None:
         info.extra["placement"] = t.offload.summary()  # offloading: where the target's layers live
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)
+    generator.threads = governor  # keeps the thread count fitting the free cores between passes
+    if governor is not None:
+        info.extra["threads"] = governor.summary()
 
     progress(ProgressEvent("warmup", "warming up", 0, 1))
     generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))

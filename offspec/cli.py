@@ -28,6 +28,16 @@ def _budget_arg(text: str):
         raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
 
 
+def _threads_arg(text: str):
+    """--threads: "auto" (None) or an integer (checked with the other options)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", help="target model: local HF dir, .gguf file or hub id (default: built-in pair)")
@@ -36,6 +46,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     g.add_argument("--max-context", type=int, help=f"context limit in tokens (default {_LOAD.max_context})")
     g.add_argument("--max-budget", type=int, help=f"largest tree budget allowed (default {_LOAD.max_budget})")
+    g.add_argument("--threads", type=_threads_arg, metavar="N|auto", help="CPU threads (default auto: the cores "
+                   "other processes leave free, re-checked while generating)")
     o = p.add_argument_group("offloading (the target's layers: resident on the device, streamed from RAM or SSD)")
     o.add_argument("--device-mem", metavar="SIZE", help="device memory budget, e.g. 22GB or 512MiB "
                    "(default: what is free); on CPU it caps offspec's process memory")
@@ -82,7 +94,7 @@ def generation_options(args: argparse.Namespace) -> dict:
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword options for `offspec.load` from parsed CLI flags (flags not given are left out)."""
     names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth",
-             "device_mem", "ram_mem", "quant", "draft_quant", "offload_dir"]
+             "device_mem", "ram_mem", "quant", "draft_quant", "offload_dir", "threads"]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "chain", None) is not None:
         chain = TreeConfig.chain(args.chain)

@@ -109,6 +109,8 @@ class LoadConfig:
     quant: str = "none"  # the target's streamed layers: none, nf4 or int8
     draft_quant: str = "none"  # the draft: none, nf4 or int8
     offload_dir: Optional[str] = None  # where packed per-layer files live; None = the cache dir
+    # CPU threads of torch; None = auto: the cores other processes leave free, re-checked while generating
+    threads: Optional[int] = None
 
     def validate(self) -> "LoadConfig":
         if not _is_int(self.max_context) or self.max_context <= 1:
@@ -119,6 +121,8 @@ class LoadConfig:
                                f"pass e.g. --max-budget 512")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "float64"):
             raise OffspecError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
+        if self.threads is not None and (not _is_int(self.threads) or self.threads <= 0):
+            raise OffspecError(f"threads must be a positive whole number (or auto), got {self.threads!r}")
         for name in ("quant", "draft_quant"):
             if getattr(self, name) not in ("none", "nf4", "int8"):
                 raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, nf4 or int8")

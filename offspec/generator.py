@@ -31,6 +31,9 @@ class Generator:
         # observing its PassStats; it applies to calls without `budget=` while `tree` is still its `base_tree`
         self.policy = None
         self.generation = generation
+        # sizes torch's CPU threads to the cores other processes leave free, between passes (offspec.threads);
+        # None: the thread count stays as it is (CUDA, or threads fixed by the user)
+        self.threads = None
         self._lock = threading.Lock()  # one generation at a time: the caches are shared state
 
     # --- text <-> tokens -------------------------------------------------------------------------
@@ -100,13 +103,17 @@ class Generator:
             if engine.room <= 0:
                 stop_reason = "context"
                 break
-            if gen.speculate and (policy is None or policy.speculates):
+            if self.threads is not None and self.threads.update():
+                self.info.extra["threads"] = self.threads.summary()
+                if policy is not None:
+                    policy.reset_timing()  # another thread count: earlier pass times no longer apply
+            if gen.speculate and (policy is None or policy.use_tree()):
                 step_tree = policy.next_tree(tree) if policy is not None else tree
                 new, stats = engine.speculative_step(step_tree, chooser, snapshot=True)
-                if policy is not None:
-                    policy.observe(stats)  # budget="auto": running acceptance statistics, re-plans on drift
             else:
                 new, stats = engine.autoregressive_step(chooser)
+            if policy is not None and gen.speculate:
+                policy.observe(stats)  # budget="auto": acceptance and timing statistics, re-plans on drift
             # Cut at EOS, at max_new_tokens and at the context limit; the caches may hold more, which the
             # next call's prefix match discards.
             keep = len(new)

@@ -72,6 +72,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     prompts = measure.calibration_prompts(config.prompts, Path(args.calibration) if args.calibration else None)
     with TqdmProgress() as progress:  # closed before any error or `interrupted` line
         generator = offspec.load(progress=progress, **options)
+        generator.threads = None  # one thread count (sized at load) for every measurement of the profile
         load_cfg = _load_config(options)
         data, chosen = builder.build_profile(generator, load_cfg, quick=args.quick, prompts=prompts, config=config,
                                              progress=progress)
