@@ -146,8 +146,9 @@ class Generator:
             text = text[:cut]
         if len(text) > len(text_sent) and text.startswith(text_sent):
             yield TextDelta(text=text[len(text_sent):], token_ids=(), stats=None)
-        # keep the tree snapshot of the last pass only: the UI shows it, and long runs stay small
-        passes = [replace(p, tree=None) for p in passes[:-1]] + passes[-1:]
+        # keep the tree snapshot of the last pass that grew a tree only: the UI shows it, and long runs stay small
+        last_tree = max((i for i, p in enumerate(passes) if p.tree is not None), default=-1)
+        passes = [p if i == last_tree or p.tree is None else replace(p, tree=None) for i, p in enumerate(passes)]
         yield GenerationResult(text=text, token_ids=out, passes=passes, seconds=time.perf_counter() - start,
                                stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused)
 
