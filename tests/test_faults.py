@@ -143,11 +143,10 @@ def small_disk(directory: Path, size: str = "64k"):
 
 def fill(directory: Path) -> None:
     """Fill the file system of `directory` to the last byte."""
-    with open(directory / "filler", "wb") as f:
+    with open(directory / "filler", "wb", buffering=0) as f:
         try:
             while True:
-                f.write(b"\0" * 4096)
-                f.flush()
+                f.write(b"\0" * 512)
         except OSError as e:
             assert e.errno == errno.ENOSPC
 
@@ -310,6 +309,7 @@ def open_chat_app(data_dir: Path):
 
 def stored_rows(path: Path) -> list[tuple[int, str, str]]:
     with sqlite3.connect(path) as db:
+        db.text_factory = lambda raw: raw.decode("utf-8", "replace")  # as the store reads it
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         return db.execute("SELECT chat_id, role, content FROM messages ORDER BY id").fetchall()
 

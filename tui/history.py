@@ -176,6 +176,8 @@ class HistoryStore:
         except sqlite3.Error as e:
             raise describe_error(self.path, e, "opening it") from None
         self._db.row_factory = sqlite3.Row
+        # text that damage made invalid UTF-8 (SQLite cannot see it) reads with U+FFFD marks, not an exception
+        self._db.text_factory = lambda raw: raw.decode("utf-8", "replace")
         try:
             self._db.execute("PRAGMA busy_timeout = 5000")
             self._db.execute("PRAGMA journal_mode = WAL")
