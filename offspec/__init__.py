@@ -1,5 +1,9 @@
 """offspec: chat with a model that does not fit in your GPU, fast and losslessly (SpecExec trees)."""
 
+from .threads import openmp_env_defaults as _openmp_env_defaults
+
+_openmp_env_defaults()  # first, before anything imports torch: OpenMP threads wait passively (offspec/threads.py)
+
 from .config import GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
 from .errors import OffspecError
 from .types import GenerationResult, ModelInfo, PassStats, TextDelta, TreeSnapshot

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
 
 from .cpu_linear import speed_up_cpu_linears
-from .config import NO_DRAFT, GenerationConfig, LoadConfig, TreeConfig, split_auto_budget, split_options
+from .config import (NO_DRAFT, GenerationConfig, LoadConfig, TreeConfig, budget_room_error, split_auto_budget,
+                     split_options)
+from .hybrid import build_drafter
 from .engine import SpeculativeEngine
 from .errors import OffspecError
 from .generator import Generator
-from .hybrid import build_drafter
 from .offload.config import OffloadConfig
 from .progress import ProgressEvent, ProgressFn, no_progress
 from .runner import ModelRunner
+from .threads import configure_threads
 from .types import ModelInfo
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -55,18 +57,23 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress: Optional[ProgressFn] = None,
-         **options: Any) -> Generator:
-    """Load a target and a draft model (None = the built-in default pair) and return a `Generator`.
+@dataclass(frozen=True)
+class LoadPlan:
+    """Everything `load` decides from its arguments alone, before touching a model."""
 
-    `draft="none"`: no draft model; the target speculates with suffix drafts alone (any target).
-    Options (by field name): LoadConfig (device, dtype, max_context, max_budget, attn_implementation),
-    TreeConfig (budget, max_beams, branch, max_depth, drafter: model, suffix or hybrid; default hybrid
-    with a draft model, else suffix) and GenerationConfig (max_new_tokens, speculate).
-    """
-    from .loading import load_pair, load_target  # heavy imports only when loading
+    load: LoadConfig
+    tree: TreeConfig
+    generation: GenerationConfig
+    offload: OffloadConfig
+    auto_budget: bool  # budget="auto": planned after loading
+    fixed_budget: bool  # a budget was given
+    device: torch.device
+    dtype: torch.dtype
 
-    progress = progress or no_progress
+
+def check_options(target: Optional[str] = None, draft: Optional[str] = None, **options: Any) -> LoadPlan:
+    """Validate `load`'s arguments without loading anything: a bad option is an OffspecError in milliseconds
+    (the CLI and the chat call this before they start)."""
     options, auto_budget = split_auto_budget(options)  # budget="auto" (the default) is planned after loading
     load_cfg, tree_cfg, gen_cfg = split_options(dict(options, target=target, draft=draft),
                                                 LoadConfig, TreeConfig, GenerationConfig)
@@ -74,18 +81,41 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     tree_cfg.validate()
     gen_cfg.validate()
     if tree_cfg.budget > load_cfg.max_budget:
-        raise OffspecError(f"budget {tree_cfg.budget} is above max_budget {load_cfg.max_budget}; raise max_budget")
-    offload = OffloadConfig.from_load_config(load_cfg)  # offloading budgets; bad sizes fail here, before loading
-    device = resolve_device(load_cfg.device)
-    dtype = resolve_dtype(load_cfg.dtype, device)
+        raise budget_room_error(tree_cfg.budget, load_cfg.max_budget)
+    offload = OffloadConfig.from_load_config(load_cfg)  # bad sizes or an unwritable --offload-dir fail here
     if tree_cfg.drafter in ("model", "hybrid") and load_cfg.draft == NO_DRAFT:
         raise OffspecError(f"drafter {tree_cfg.drafter} needs a draft model; drop --draft none or use --drafter suffix")
+    device = resolve_device(load_cfg.device)
+    return LoadPlan(load_cfg, tree_cfg, gen_cfg, offload, auto_budget, "budget" in options, device,
+                    resolve_dtype(load_cfg.dtype, device))
+
+
+def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress: Optional[ProgressFn] = None,
+         **options: Any) -> Generator:
+    """Load a target and a draft model (None = the built-in default pair) and return a `Generator`.
+
+    `draft="none"`: no draft model; the target speculates with suffix drafts alone (any target).
+    Options (by field name): LoadConfig (device, dtype, max_context, max_budget, attn_implementation, threads,
+    offloading budgets), TreeConfig (budget, max_beams, branch, max_depth, drafter: model, suffix or hybrid;
+    default hybrid with a draft model, else suffix) and GenerationConfig (max_new_tokens, speculate).
+    Every option is checked (`check_options`) before any model is touched.
+    """
+    from .loading import load_pair, load_target  # heavy imports only when loading
+
+    progress = progress or no_progress
+    plan = check_options(target, draft, **options)
+    load_cfg, tree_cfg, gen_cfg, offload = plan.load, plan.tree, plan.generation, plan.offload
+    device, dtype, auto_budget = plan.device, plan.dtype, plan.auto_budget
+    # CPU threads: fixed by the user, or sized to the cores other processes leave free (sampled over the load)
+    governor = configure_threads(load_cfg.threads) if device.type == "cpu" else None
     if load_cfg.draft == NO_DRAFT:
         t, d = load_target(load_cfg.target, device=device, dtype=dtype,
                            attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload), None
     else:
         t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
                          attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
+    if governor is not None:
+        governor.update(force=True)  # before the warm-up and the budget plan, which time passes
 
     if device.type == "cpu":
         for model in (t.model, d.model) if d is not None else (t.model,):
@@ -105,11 +135,14 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     engine = SpeculativeEngine(target_runner, drafter, max_context=max_context, max_budget=load_cfg.max_budget)
     info = ModelInfo(target=t.name, draft=d.name if d is not None else NO_DRAFT, device=str(device),
                      dtype=str(dtype).replace("torch.", ""), max_context=max_context, default_budget=tree_cfg.budget,
-                     extra={"budget_source": "fixed" if "budget" in options else "default",
+                     extra={"budget_source": "fixed" if plan.fixed_budget else "default",
                             "drafter": tree_cfg.drafter})
     if t.offload is not None:
         info.extra["placement"] = t.offload.summary()  # offloading: where the target's layers live
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)
+    generator.threads = governor  # keeps the thread count fitting the free cores between passes
+    if governor is not None:
+        info.extra["threads"] = governor.summary()
 
     progress(ProgressEvent("warmup", "warming up", 0, 1))
     generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))

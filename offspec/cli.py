@@ -11,56 +11,28 @@ import json
 import sys
 from typing import Optional
 
-from .config import AUTO_BUDGET, DRAFTERS, GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
+from .cli_progress import TqdmProgress
+from .config import AUTO_BUDGET, DRAFTERS, GenerationConfig, LoadConfig, SamplingConfig, TreeConfig, generation_configs
 from .errors import OffspecError, run_cli
 from .progress import ProgressEvent
 
 _TREE, _LOAD, _GEN, _SAMPLING = TreeConfig(), LoadConfig(), GenerationConfig(), SamplingConfig()
 
 
-class TqdmProgress:
-    """Renders ProgressEvents on stderr: a tqdm bar for steps with a known total, a line for the others."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.bars: dict[str, object] = {}
-        self.started: dict[str, float] = {}
-
-    def __call__(self, event: ProgressEvent) -> None:
-        if not self.enabled:
-            return
-        import time
-
-        from tqdm import tqdm
-
-        if event.total is None and event.step not in self.bars:
-            if event.step not in self.started:
-                self.started[event.step] = time.perf_counter()
-                print(f"{event.message} ...", file=sys.stderr, flush=True)
-            if event.finished:
-                elapsed = time.perf_counter() - self.started.pop(event.step)
-                print(f"{event.message}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
-            return
-        bar = self.bars.get(event.step)
-        if bar is None:
-            big = bool(event.total and event.total > 10_000)
-            bar = tqdm(total=event.total, desc=event.message, unit="B" if big else "it", unit_scale=big,
-                       file=sys.stderr, leave=True, dynamic_ncols=True)
-            self.bars[event.step] = bar
-        bar.set_description(event.message)
-        if event.total is not None and bar.total != event.total:
-            bar.total = event.total
-        bar.n = event.done
-        bar.refresh()
-        if event.finished:
-            bar.close()
-            del self.bars[event.step]
-
-
 def _budget_arg(text: str):
     """--budget: "auto" or an integer (a budget <= 0 is refused later, as one `error:` line)."""
     if text.strip().lower() == AUTO_BUDGET:
         return AUTO_BUDGET
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") from None
+
+
+def _threads_arg(text: str):
+    """--threads: "auto" (None) or an integer (checked with the other options)."""
+    if text.strip().lower() == "auto":
+        return None
     try:
         return int(text)
     except ValueError:
@@ -76,6 +48,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     g.add_argument("--max-context", type=int, help=f"context limit in tokens (default {_LOAD.max_context})")
     g.add_argument("--max-budget", type=int, help=f"largest tree budget allowed (default {_LOAD.max_budget})")
+    g.add_argument("--threads", type=_threads_arg, metavar="N|auto", help="CPU threads (default auto: the cores "
+                   "other processes leave free, re-checked while generating)")
     o = p.add_argument_group("offloading (the target's layers: resident on the device, streamed from RAM or SSD)")
     o.add_argument("--device-mem", metavar="SIZE", help="device memory budget, e.g. 22GB or 512MiB "
                    "(default: what is free); on CPU it caps offspec's process memory")
@@ -97,10 +71,36 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    "index (continuations of text already seen), or both merged (default: hybrid, suffix with --draft none)")
 
 
+GENERATION_FLAGS = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "stop", "speculate")
+
+
+def _add_generation_args(p: argparse.ArgumentParser, defaults: dict) -> None:
+    """The generation options `generate` and `chat` share; `defaults` only feeds the help (a flag not given
+    is left out, so each command keeps its own defaults: greedy for generate, the saved settings in chat)."""
+    g = p.add_argument_group("generation")
+    g.add_argument("--temperature", type=float, help=f"0 = greedy (default {defaults['temperature']:g})")
+    g.add_argument("--top-p", type=float, help=f"nucleus sampling, in (0, 1] (default {defaults['top_p']:g})")
+    g.add_argument("--top-k", type=int, help=f"sample among the k most likely tokens, 0 = off "
+                                             f"(default {defaults['top_k']})")
+    g.add_argument("--seed", type=int, help="random seed of sampling (default: a fresh one)")
+    g.add_argument("--max-new-tokens", type=int, help=f"stop after this many tokens (default {defaults['max_new_tokens']})")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--no-speculate", dest="speculate", action="store_false", default=None,
+                   help="plain autoregressive decoding of the target (the baseline)")
+
+
+def generation_options(args: argparse.Namespace) -> dict:
+    """The generation flags given on the command line (by option name), checked: an OffspecError before
+    anything loads."""
+    options = {n: getattr(args, n) for n in GENERATION_FLAGS if getattr(args, n, None) is not None}
+    generation_configs(options)  # one `error:` line now, not after a minute of loading
+    return options
+
+
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword options for `offspec.load` from parsed CLI flags (flags not given are left out)."""
     names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth",
-             "drafter", "device_mem", "ram_mem", "quant", "draft_quant", "offload_dir"]
+             "drafter", "device_mem", "ram_mem", "quant", "draft_quant", "offload_dir", "threads"]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "chain", None) is not None:
         if options.get("drafter", "model") != "model":
@@ -120,14 +120,8 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for one prompt")
     _add_model_args(g)
+    _add_generation_args(g, dict(vars(_SAMPLING), max_new_tokens=_GEN.max_new_tokens))
     g.add_argument("prompt", help="the prompt (sent as a user message through the chat template)")
-    g.add_argument("--temperature", type=float, default=_SAMPLING.temperature, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=_SAMPLING.top_p)
-    g.add_argument("--top-k", type=int, default=_SAMPLING.top_k)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--max-new-tokens", type=int, default=_GEN.max_new_tokens)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--no-speculate", action="store_true", help="plain autoregressive decoding of the target")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
 
     b = sub.add_parser("bench", help="tokens per pass and tokens/s of several set-ups on a prompt file "
@@ -152,8 +146,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the models (see `offspec serve --help`)",
                    add_help=False)
 
+    from tui.settings import ChatSettings
+
     c = sub.add_parser("chat", help="the terminal chat")
     _add_model_args(c)
+    _add_generation_args(c, {**vars(_SAMPLING), **vars(ChatSettings())})
     c.add_argument("--data-dir", help="where chat history lives (default: XDG data dir)")
     return parser
 
@@ -161,16 +158,15 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_generate(args: argparse.Namespace) -> int:
     import offspec
 
-    generator = offspec.load(progress=TqdmProgress(enabled=sys.stderr.isatty() or not args.json),
-                             **load_options(args))
-    kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                  top_k=args.top_k, seed=args.seed, speculate=not args.no_speculate, stop=args.stop)
+    options = generation_options(args)  # checked before loading
+    with TqdmProgress(enabled=sys.stderr.isatty() or not args.json) as progress:
+        generator = offspec.load(progress=progress, **load_options(args))
     if args.json:
-        result = generator.generate(args.prompt, **kwargs)
+        result = generator.generate(args.prompt, **options)
         print(json.dumps(result.summary(), ensure_ascii=False))
         return 0
     result = None
-    for event in generator.stream(args.prompt, **kwargs):
+    for event in generator.stream(args.prompt, **options):
         if hasattr(event, "stop_reason"):
             result = event
         elif event.text:
@@ -186,22 +182,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import offspec
-    from tqdm import tqdm
 
     from .bench import markdown_table, parse_setups, run_bench
     from .prompts import read_prompts
 
+    if args.n <= 0:
+        raise OffspecError(f"--n must be a positive number of prompts, got {args.n}")
+    generation_configs(dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature))
     prompts = read_prompts(args.prompts, args.n)
     setups = parse_setups(args.budgets, TreeConfig())
     options = load_options(args)
     budgets = [s.tree.budget for s in setups if s.tree is not None] + [_TREE.budget]
     options.setdefault("max_budget", max(budgets))
-    generator = offspec.load(progress=TqdmProgress(), **options)
-    with tqdm(total=len(prompts) * len(setups), file=sys.stderr, desc="bench", dynamic_ncols=True) as bar:
+    with TqdmProgress() as progress:
+        generator = offspec.load(progress=progress, **options)
+        state = {"done": 0, "total": len(prompts) * len(setups)}
+
+        def resumed(done: int) -> None:
+            state["total"] = (len(prompts) - done) * len(setups)
+
+        def step(name: str) -> None:
+            state["done"] += 1
+            progress(ProgressEvent("bench", f"bench {name}", state["done"], state["total"]))
+
         report = run_bench(generator, prompts, setups, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, out_dir=Path(args.out), resume=args.resume,
-                           on_resumed=lambda done: bar.reset(total=(len(prompts) - done) * len(setups)),
-                           on_progress=lambda name: (bar.set_description(f"bench {name}"), bar.update(1)))
+                           on_resumed=resumed, on_progress=step)
+        progress(ProgressEvent("bench", "bench", state["done"], state["total"], finished=True))
     print(markdown_table(report))
     print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
     mismatches = sum(s.get("greedy_mismatches", 0) for s in report["setups"].values())
@@ -216,8 +223,16 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tui.app import run_chat
+    from tui.settings import ChatSettings
 
-    return run_chat(load_options(args), data_dir=Path(args.data_dir) if args.data_dir else None)
+    from .api import check_options
+
+    # a bad option is one `error:` line before the chat opens, not a failed loading screen
+    options = generation_options(args)
+    ChatSettings().with_options(options)
+    check_options(**load_options(args))
+    return run_chat(load_options(args), data_dir=Path(args.data_dir) if args.data_dir else None,
+                    generation=options)
 
 
 def _delegated(argv: list[str]):

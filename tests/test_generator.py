@@ -9,7 +9,7 @@ from offspec import GenerationResult, OffspecError, TextDelta
 
 
 def test_stream_yields_deltas_then_result_and_texts_agree(tiny_pair):
-    events = list(tiny_pair.stream("Hello", max_new_tokens=24))
+    events = list(tiny_pair.stream("Hello", max_new_tokens=24, budget=8))  # a fixed tree: every pass has one
     assert isinstance(events[-1], GenerationResult)
     deltas = [e for e in events if isinstance(e, TextDelta)]
     assert deltas and all(isinstance(d.text, str) for d in deltas)

@@ -14,7 +14,7 @@ from offspec.progress import ProgressEvent
 from offspec.types import GenerationResult, ModelInfo, PassStats, TextDelta, TreeSnapshot
 from tui.export import chat_markdown, export_chat
 from tui.fake import FakePassStats
-from tui.history import MIGRATIONS, SCHEMA_VERSION, HistoryStore
+from tui.history import MIGRATIONS, SCHEMA_VERSION, HistoryDamaged, HistoryStore
 from tui.loader import LoadProgress, ProgressRelay
 from tui.session import ChatSession, title_from
 from tui.settings import ChatSettings, parse_budget, parse_settings
@@ -71,7 +71,7 @@ def test_history_refuses_newer_and_corrupt_databases(tmp_path):
         HistoryStore(newer)
     corrupt = tmp_path / "corrupt.sqlite3"
     corrupt.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(OffspecError, match="unreadable"):
+    with pytest.raises(HistoryDamaged, match="is damaged"):  # HistoryStore.open sets such a file aside
         HistoryStore(corrupt)
 
 
@@ -111,7 +111,7 @@ def test_settings_parse_and_one_line_errors():
         "budget": ("abc", "budget must be 'auto' or a positive whole number"),
         "temperature": ("warm", "temperature must be a number"),
         "top_p": ("1.5", "top_p must be in (0, 1]"),
-        "max_new_tokens": ("0", "max_new_tokens must be positive"),
+        "max_new_tokens": ("0", "max_new_tokens must be a positive whole number"),
     }
     for field, (value, message) in cases.items():
         form = dict(temperature="0.7", top_p="0.9", budget="auto", max_new_tokens="10", system_prompt="")

@@ -22,6 +22,7 @@ from .history import HistoryStore
 from .loader import GeneratorFactory
 from .screens import ChatScreen, LoadingScreen
 from .session import ChatSession
+from .settings import ChatSettings
 
 
 class ChatApp(App[int]):
@@ -34,11 +35,16 @@ class ChatApp(App[int]):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, generator_factory: GeneratorFactory, *, data_dir: Optional[Path] = None):
+    def __init__(self, generator_factory: GeneratorFactory, *, data_dir: Optional[Path] = None,
+                 generation: Optional[dict] = None):
         super().__init__()
         self.data_dir = Path(data_dir) if data_dir is not None else paths.data_dir()
-        self.store = HistoryStore.open(self.data_dir)  # OffspecError for an unusable history, before any screen
+        # OffspecError for an unusable history (read-only, ...), before any screen; a damaged one is set aside
+        self.store = HistoryStore.open(self.data_dir)
+        self.generation = dict(generation or {})  # `offspec chat --temperature ...`: this session's overrides
+        ChatSettings().with_options(self.generation)  # a bad one is an OffspecError now, not inside the app
         self.generator_factory = generator_factory
+        self.unsaved_replies = 0  # replies the history could not save by the time the app closed
         self.generator: Optional[GeneratorLike] = None
         self.chat_screen: Optional[ChatScreen] = None
         self.loading_screen: Optional[LoadingScreen] = None
@@ -56,7 +62,7 @@ class ChatApp(App[int]):
         if generator is None:
             return
         self.generator = generator
-        self.chat_screen = ChatScreen(generator, ChatSession(self.store), self.data_dir)
+        self.chat_screen = ChatScreen(generator, ChatSession(self.store, self.generation), self.data_dir)
         self.push_screen(self.chat_screen)
 
     def action_help(self) -> None:
@@ -71,6 +77,7 @@ class ChatApp(App[int]):
     def on_unmount(self) -> None:
         if self.chat_screen is not None:
             self.chat_screen.abandon_reply()
+            self.unsaved_replies = self.chat_screen.session.retry_unsaved()
         self.store.close()
 
 
@@ -96,15 +103,29 @@ def engine_factory(load_options: dict[str, Any]) -> GeneratorFactory:
     return factory
 
 
-def run_chat(load_options: dict, *, data_dir: Optional[Path] = None) -> int:
-    """Run the chat on the models `offspec.load(**load_options)` gives; returns the exit code.
+def run_chat(load_options: dict, *, data_dir: Optional[Path] = None, generation: Optional[dict] = None) -> int:
+    """Run the chat on the models `offspec.load(**load_options)` gives; returns the exit code. `generation`:
+    generation options (`temperature`, `max_new_tokens`, ...) in force for this session.
 
     Raises OffspecError (one line) without a terminal or with an unusable history database. If loading
     fails the app explains it on screen, and after it closes the reason is repeated on stderr (exit code 1).
+    What the screen said about the history (a damaged file set aside, replies it could not save) is repeated
+    on stderr too.
     """
     require_terminal()
-    app = ChatApp(engine_factory(load_options), data_dir=data_dir)
+    app = ChatApp(engine_factory(load_options), data_dir=data_dir, generation=generation)
     app.run()
-    if app.load_error:
-        sys.stderr.write(f"offspec chat: {app.load_error}\n")  # the screen that said it is gone
+    for line in exit_notes(app):
+        sys.stderr.write(f"offspec chat: {line}\n")  # the screen that said it is gone
     return app.return_code or 0
+
+
+def exit_notes(app: ChatApp) -> list[str]:
+    """What to repeat on stderr once the app has closed."""
+    notes = [app.load_error] if app.load_error else []
+    if app.store.recovery is not None:
+        notes.append(app.store.recovery.note())
+    if app.unsaved_replies:
+        notes.append(f"{app.unsaved_replies} reply(ies) could not be saved to the chat history in {app.data_dir} "
+                     f"(see the message shown in the chat)")
+    return notes

@@ -30,7 +30,7 @@ class ChatCommands(Provider):
         commands = [(name, help_text, partial(screen.run_action, action)) for name, help_text, action in ACTIONS]
         commands.append(("Delete this chat", "Delete the open chat and its messages (asks first)", screen.delete_chat))
         current: Optional[int] = screen.session.chat.id if screen.session.chat else None
-        for chat in screen.session.store.list_chats():
+        for chat in screen.session.list_chats():
             if chat.id != current:
                 commands.append((f"Open chat: {chat.title}", "Switch to this chat", partial(screen.open_chat, chat.id)))
         return commands

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import replace
+from typing import Callable, Optional, TypeVar
 
-from .history import CANCELLED, DONE, ERROR, STREAMING, Chat, HistoryStore, StoredMessage
+from .history import CANCELLED, DONE, ERROR, STREAMING, Chat, HistoryError, HistoryStore, StoredMessage
 from .settings import ChatSettings
 
 SETTINGS_KEY = "chat_settings"
 TITLE_LENGTH = 48
 NEW_CHAT_TITLE = "New chat"
+T = TypeVar("T")
 
 
 def title_from(text: str) -> str:
@@ -19,14 +21,43 @@ def title_from(text: str) -> str:
 
 
 class ChatSession:
-    """The chat being shown, backed by the history store. A new chat gets its row on its first message."""
+    """The chat being shown, backed by the history store. A new chat gets its row on its first message.
 
-    def __init__(self, store: HistoryStore):
+    A failing store (full disk, read-only or damaged file) never stops the chat: the conversation goes on in
+    memory, `on_error` gets the one-line reason (once per run of failures), and replies whose save failed
+    are saved again at the next turn and on quit (`retry_unsaved`)."""
+
+    def __init__(self, store: HistoryStore, overrides: Optional[dict] = None,
+                 on_error: Optional[Callable[[str], None]] = None):
         self.store = store
-        self.settings = ChatSettings.from_json(store.get_setting(SETTINGS_KEY))
+        self._early: list[str] = []  # errors reported before a UI attached (`attach`)
+        self.on_error = on_error or self._early.append
+        self.failing = False  # the last store operation failed (errors are reported when this turns True)
+        self.unsaved: dict[int, tuple[str, Optional[str], Optional[dict]]] = {}  # id -> (text, status, stats)
+        saved = self._try(lambda: store.get_setting(SETTINGS_KEY), None)
+        self.settings = ChatSettings.from_json(saved).with_options(overrides or {})
         self.chat: Optional[Chat] = None
         self.messages: list[StoredMessage] = []
         self._system_prompt = self.settings.system_prompt
+
+    def attach(self, on_error: Callable[[str], None]) -> None:
+        """Report store errors to `on_error` from now on, starting with those that came before."""
+        self.on_error = on_error
+        for message in self._early:
+            on_error(message)
+        self._early.clear()
+
+    def _try(self, operation: Callable[[], T], default: T) -> T:
+        """Run a store operation; a HistoryError is reported (once per run of failures) and gives `default`."""
+        try:
+            result = operation()
+        except HistoryError as error:
+            if not self.failing:
+                self.on_error(str(error))
+            self.failing = True
+            return default
+        self.failing = False
+        return result
 
     # -- which chat --------------------------------------------------------------------------
 
@@ -42,23 +73,25 @@ class ChatSession:
         self.chat, self.messages = None, []
         self._system_prompt = self.settings.system_prompt
 
+    def list_chats(self) -> list[Chat]:
+        return self._try(self.store.list_chats, [])
+
     def open(self, chat_id: int) -> bool:
-        chat = self.store.get_chat(chat_id)
-        if chat is None:
+        found = self._try(lambda: (self.store.get_chat(chat_id), self.store.messages(chat_id)), (None, []))
+        if found[0] is None:
             return False
-        self.chat, self.messages = chat, self.store.messages(chat_id)
+        self.chat, self.messages = found
         return True
 
     def open_latest(self) -> None:
-        chats = self.store.list_chats()
-        if chats:
-            self.open(chats[0].id)
-        else:
+        chats = self.list_chats()
+        if not (chats and self.open(chats[0].id)):
             self.new_chat()
 
     def delete_current(self) -> None:
         if self.chat is not None:
-            self.store.delete_chat(self.chat.id)
+            chat_id = self.chat.id
+            self._try(lambda: self.store.delete_chat(chat_id), None)
         self.new_chat()
 
     # -- settings ----------------------------------------------------------------------------
@@ -66,13 +99,26 @@ class ChatSession:
     def update_settings(self, settings: ChatSettings) -> None:
         """New settings for every chat; the system prompt also becomes this chat's."""
         self.settings = settings.validate()
-        self.store.set_setting(SETTINGS_KEY, settings.to_json())
+        self._try(lambda: self.store.set_setting(SETTINGS_KEY, settings.to_json()), None)
         self._system_prompt = settings.system_prompt
         if self.chat is not None and self.chat.system_prompt != settings.system_prompt:
-            self.store.update_chat(self.chat.id, system_prompt=settings.system_prompt)
-            self.chat = self.store.get_chat(self.chat.id)
+            chat_id = self.chat.id
+            self._try(lambda: self.store.update_chat(chat_id, system_prompt=settings.system_prompt), None)
+            self.chat = replace(self.chat, system_prompt=settings.system_prompt)
 
     # -- a turn ------------------------------------------------------------------------------
+
+    def start_turn(self, text: str) -> Optional[tuple[StoredMessage, StoredMessage]]:
+        """Save the user message and an empty reply (status "streaming") in one transaction: (user, reply),
+        or None when that fails (reported; nothing was saved, so the caller keeps the text and may retry)."""
+        self.retry_unsaved()
+        turn = self._try(lambda: self.store.start_turn(self.chat, title_from(text), self._system_prompt, text),
+                         None)
+        if turn is None:
+            return None
+        self.chat, user, reply = turn
+        self.messages += [user, reply]
+        return user, reply
 
     def add_user_message(self, text: str) -> StoredMessage:
         if self.chat is None:
@@ -93,15 +139,32 @@ class ChatSession:
         self.messages.append(message)
         return message
 
+    def _save(self, message_id: int, text: str, status: Optional[str] = None, stats: Optional[dict] = None) -> None:
+        previous = self.unsaved.pop(message_id, None)
+        if previous is not None:  # keep a final status that an earlier failed save carried
+            status, stats = status or previous[1], stats if stats is not None else previous[2]
+        ok = self._try(lambda: (self.store.update_message(message_id, text, status=status, stats=stats), True)[1],
+                       False)
+        if not ok:
+            self.unsaved[message_id] = (text, status, stats)
+
+    def retry_unsaved(self) -> int:
+        """Save again the replies whose last save failed; returns how many are still unsaved."""
+        for message_id, (text, status, stats) in list(self.unsaved.items()):
+            self._save(message_id, text, status, stats)
+            if message_id in self.unsaved:
+                break  # still failing: no need to try the others now
+        return len(self.unsaved)
+
     def save_partial(self, message_id: int, text: str) -> None:
         """Save a reply while it grows, so a crash keeps what was shown."""
-        self.store.update_message(message_id, text)
+        self._save(message_id, text)
 
     def finish_reply(self, message_id: int, text: str, *, stop_reason: str, stats: Optional[dict] = None) -> str:
         """Save the final text of a reply; returns its status (done, cancelled or error)."""
         status = {"cancelled": CANCELLED, "error": ERROR}.get(stop_reason, DONE)
         stats = dict(stats or {}, stop_reason=stop_reason)
-        self.store.update_message(message_id, text, status=status, stats=stats)
+        self._save(message_id, text, status, stats)
         self.messages = [
             StoredMessage(m.id, m.chat_id, m.role, text, status, stats, m.created_at) if m.id == message_id else m
             for m in self.messages
@@ -110,7 +173,8 @@ class ChatSession:
 
     def discard_reply(self, message_id: int) -> None:
         """Forget a reply that produced nothing (e.g. the engine failed at once)."""
-        self.store.delete_message(message_id)
+        self.unsaved.pop(message_id, None)
+        self._try(lambda: self.store.delete_message(message_id), None)
         self.messages = [m for m in self.messages if m.id != message_id]
 
     def message(self, message_id: int) -> Optional[StoredMessage]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from offspec.config import DRAFTERS, GenerationConfig, SamplingConfig
+from offspec.config import DRAFTERS, generation_configs
 from offspec.errors import OffspecError
 
 AUTO = "auto"
@@ -15,7 +15,10 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class ChatSettings:
-    """What each chat turn asks of the engine. The only place the chat's defaults live."""
+    """What each chat turn asks of the engine. The only place the chat's defaults live.
+
+    The settings form (F2) edits and saves the `SAVED` fields; `offspec chat --temperature ...` and the other
+    generation flags of `offspec generate` override any field for one session (`with_options`)."""
 
     temperature: float = 0.7
     top_p: float = 0.95
@@ -23,10 +26,15 @@ class ChatSettings:
     drafter: Optional[str] = None  # model, suffix or hybrid; None = "auto": the loaded default (hybrid with a draft)
     max_new_tokens: int = 1024  # a reply stops after this many tokens
     system_prompt: str = ""  # the system prompt given to new chats
+    top_k: int = 0  # 0 = off
+    seed: Optional[int] = None  # None = a fresh seed each reply
+    stop: tuple[str, ...] = ()  # stop strings
+    speculate: bool = True  # False = the target alone (the baseline)
+
+    SAVED = ("temperature", "top_p", "budget", "drafter", "max_new_tokens", "system_prompt")
 
     def validate(self) -> "ChatSettings":
-        SamplingConfig(temperature=self.temperature, top_p=self.top_p).validate()
-        GenerationConfig(max_new_tokens=self.max_new_tokens).validate()
+        generation_configs({name: getattr(self, name) for name in GENERATION_FIELDS})
         if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
                                         or self.budget <= 0):
             raise OffspecError(f"budget must be 'auto' or a positive whole number, got {self.budget!r}")
@@ -34,18 +42,22 @@ class ChatSettings:
             raise OffspecError(f"drafter must be auto, {', '.join(DRAFTERS)}, got {self.drafter!r}")
         return self
 
+    def with_options(self, options: dict[str, Any]) -> "ChatSettings":
+        """These settings with generation options (by `offspec generate`'s option names) in force; checked."""
+        unknown = sorted(set(options) - set(GENERATION_FIELDS))
+        if unknown:
+            raise OffspecError(f"unknown chat option(s): {', '.join(unknown)}")
+        changes = dict(options)
+        if "stop" in changes:
+            changes["stop"] = tuple(changes["stop"] or ())
+        return replace(self, **changes).validate()
+
     def generation_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `GeneratorLike.stream` these settings control."""
-        return {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "budget": self.budget,
-            "drafter": self.drafter,
-        }
+        return {"budget": self.budget, "drafter": self.drafter, **{name: getattr(self, name) for name in GENERATION_FIELDS}}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps({name: getattr(self, name) for name in self.SAVED}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: Optional[str]) -> "ChatSettings":
@@ -54,10 +66,13 @@ class ChatSettings:
             return cls()
         try:
             data = json.loads(text)
-            known = {f.name for f in fields(cls)}
-            return cls(**{k: v for k, v in data.items() if k in known}).validate()
+            return cls(**{k: v for k, v in data.items() if k in cls.SAVED}).validate()
         except (ValueError, TypeError, AttributeError, OffspecError):
             return cls()
+
+
+# the options of `offspec generate` that a chat turn takes too (the CLI flags of both commands)
+GENERATION_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "stop", "speculate")
 
 
 def format_budget(budget: Optional[int]) -> str:

@@ -265,12 +265,12 @@ def run(args: argparse.Namespace) -> dict:
     offload = replace(offload, max_context=args.context + 1, max_budget=max(tokens) - 1)  # the bench's own cache
     device = resolve_device(load_cfg.device)
     dtype = resolve_dtype(load_cfg.dtype, device)
-    progress = TqdmProgress()
-    resolved = resolve_model(load_cfg.target, "target", progress=progress)
-    model, handle = load_offloaded(resolved, device=device, dtype=dtype, attn_implementation="sdpa",
-                                   config=offload, progress=progress)
-    if model is None:
-        model = load_model(resolved, device=device, dtype=dtype, progress=progress).model
+    with TqdmProgress() as progress:  # closed before any error or `interrupted` line
+        resolved = resolve_model(load_cfg.target, "target", progress=progress)
+        model, handle = load_offloaded(resolved, device=device, dtype=dtype, attn_implementation="sdpa",
+                                       config=offload, progress=progress)
+        if model is None:
+            model = load_model(resolved, device=device, dtype=dtype, progress=progress).model
     if device.type == "cpu":
         speed_up_cpu_linears(model)
     placement = handle.placement

@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 from ..errors import OffspecError
 from ..config import QUANTS
+from ..paths import cache_dir
+from ..writable import check_writable_dir
 from .sizes import parse_optional_size
 
 RING_SLOTS = 2  # device slots the streamed layers rotate through (>= 2: one computes while the next loads)
@@ -44,10 +46,22 @@ class OffloadConfig:
     @classmethod
     def from_options(cls, device_mem: Any = None, ram_mem: Any = None, quant: str = "none",
                      draft_quant: str = "none", offload_dir: Optional[str] = None, **rest: Any) -> "OffloadConfig":
-        """From the user's options (sizes as text like "22GB"); bad input is a one-line OffspecError."""
-        return cls(device_mem=parse_optional_size(device_mem, "device_mem"),
-                   ram_mem=parse_optional_size(ram_mem, "ram_mem"), quant=quant, draft_quant=draft_quant,
-                   offload_dir=Path(offload_dir).expanduser() if offload_dir else None, **rest).validate()
+        """From the user's options (sizes as text like "22GB"); bad input is a one-line OffspecError, and so
+        is an offload dir that cannot be written (checked now, before any work: `writable_offload_dir`)."""
+        config = cls(device_mem=parse_optional_size(device_mem, "device_mem"),
+                     ram_mem=parse_optional_size(ram_mem, "ram_mem"), quant=quant, draft_quant=draft_quant,
+                     offload_dir=Path(offload_dir).expanduser() if offload_dir else None, **rest).validate()
+        if config.offload_dir is not None or config.device_mem is not None or config.ram_mem is not None:
+            config.writable_offload_dir()  # layers may stream from it: fail now, not mid-load
+        return config
+
+    def writable_offload_dir(self) -> Path:
+        """The directory of the packed layer files, checked writable (OffspecError otherwise)."""
+        if self.offload_dir is not None:
+            return check_writable_dir(self.offload_dir, "the offload dir", "pass a writable directory to "
+                                      "--offload-dir (offload_dir= in Python)")
+        return check_writable_dir(cache_dir() / "offload", "the default offload dir",
+                                  "pass a writable directory to --offload-dir, or set OFFSPEC_CACHE_DIR")
 
     @classmethod
     def from_load_config(cls, load_cfg: Any) -> "OffloadConfig":

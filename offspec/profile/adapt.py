@@ -1,20 +1,30 @@
-"""Online adaptation: keep running acceptance statistics and re-plan the budget when they drift.
+"""Online adaptation: keep running acceptance and timing statistics and re-plan the budget when they drift.
 
-The profile's acceptance curve was measured on the calibration prompts; a conversation about code in
-Python accepts more, prose in another language less. The policy compares each pass's accepted count
+Acceptance: the profile's acceptance curve was measured on the calibration prompts; a conversation about
+code in Python accepts more, prose in another language less. The policy compares each pass's accepted count
 with the curve's prediction at the budget that pass used, over a sliding window, and models the drift as
 one scale on the whole curve: scale = sum(observed) / sum(predicted) (a ratio estimator). When the
 scale has moved by more than `tolerance` AND by more than `z` standard errors since the last plan, it
-re-plans with the new scale (the planner's cost model is unchanged). Each pass's tree comes from
-`next_tree()`, so PassStats.budget shows the budget in force; `summary()` (also kept in
-`info.extra["budget_adaptive"]`) shows the scale, the observed vs predicted acceptance and the re-plans.
-When the plan predicts that no tree beats the target alone (`speculates` is False), auto's passes run
-without a tree.
+re-plans with the new scale.
+
+Timing: each pass's draft and target seconds are compared with what the cost model predicts for it. When
+the median ratio of a window moves by more than `time_tolerance` (another process took a core, a different
+thread count, a slower disk), the policy re-plans with the draft's and the target's costs scaled by those
+ratios. Passes without a tree time the target alone; the draft's scale then follows the target's.
+
+Measured, not predicted: a `SpeedGuard` (offspec/profile/guard.py) times the planned tree against the target
+alone under the current conditions and turns trees off while the target alone is measurably faster.
+
+Each pass's tree comes from `next_tree()` when `use_tree()` says so, so PassStats.budget shows the budget
+in force; `summary()` (also kept in `info.extra["budget_adaptive"]`) shows the scales, the observed vs
+predicted acceptance, the guard and the re-plans. When the plan predicts that no tree beats the target
+alone (`speculates` is False), auto's passes run without a tree.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -22,7 +32,8 @@ from typing import Optional
 from ..config import TreeConfig
 from ..types import PassStats
 from .curves import AcceptanceCurve
-from .planner import PairCosts, Plan, PlannerConfig, plan
+from .guard import GuardConfig, SpeedGuard
+from .planner import PairCosts, Plan, PlannerConfig, draft_seconds, plan
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,10 @@ class AdaptConfig:
     z: float = 2.0  # ... and it must be this many standard errors (not noise)
     min_scale: float = 0.05
     max_scale: float = 8.0
+    time_window: int = 16  # timed passes in the timing windows
+    time_tolerance: float = 0.3  # relative change of a time scale (median observed / predicted) worth a re-plan
+    min_time_scale: float = 0.1
+    max_time_scale: float = 50.0
 
 
 @dataclass(frozen=True)
@@ -44,27 +59,39 @@ class Replan:
     scale: float  # new acceptance scale (observed / profile)
     observed: float  # mean accepted per pass in the window
     predicted: float  # what the profile predicted for the same passes (scale 1)
+    reason: str = "acceptance"  # or "timing"
+    draft_time_scale: float = 1.0  # observed / predicted draft seconds in force after this re-plan
+    target_time_scale: float = 1.0
 
     def as_dict(self) -> dict:
-        return {"at_pass": self.at_pass, "budget_from": self.budget_from, "budget_to": self.budget_to,
-                "scale": round(self.scale, 4), "observed": round(self.observed, 4),
-                "predicted": round(self.predicted, 4)}
+        return {"at_pass": self.at_pass, "reason": self.reason, "budget_from": self.budget_from,
+                "budget_to": self.budget_to, "scale": round(self.scale, 4), "observed": round(self.observed, 4),
+                "predicted": round(self.predicted, 4), "draft_time_scale": round(self.draft_time_scale, 4),
+                "target_time_scale": round(self.target_time_scale, 4)}
 
 
 class AdaptiveBudget:
-    """The budget policy of `budget="auto"`: `next_tree()` before each pass, `observe()` after it."""
+    """The budget policy of `budget="auto"`: `use_tree()` and `next_tree()` before each pass, `observe()` after."""
 
     def __init__(self, costs: PairCosts, acceptance: AcceptanceCurve, planner: PlannerConfig = PlannerConfig(),
-                 config: AdaptConfig = AdaptConfig(), extra: Optional[dict] = None, key: str = "budget_adaptive"):
+                 config: AdaptConfig = AdaptConfig(), extra: Optional[dict] = None, key: str = "budget_adaptive",
+                 guard: Optional[GuardConfig] = GuardConfig()):
         self.costs, self.acceptance, self.planner, self.config = costs, acceptance, planner, config
         self.plan: Plan = plan(costs, acceptance, planner)
         self.initial_plan = self.plan
         self.base_tree = self.plan.tree()  # the generator applies this policy while its `tree` is this object
         self.scale = 1.0
         self.window: deque[tuple[int, float]] = deque(maxlen=config.window)  # (accepted, predicted at scale 1)
-        self.passes = 0
+        self.passes = 0  # tree passes observed
         self._last_replan = 0
         self.replans: list[Replan] = []
+        # timing: observed / predicted seconds per pass, and the scales the current plan assumes
+        self.draft_ratios: deque[tuple[int, float]] = deque(maxlen=config.time_window)  # (timed pass, ratio)
+        self.target_ratios: deque[float] = deque(maxlen=config.time_window)
+        self.draft_time_scale = self.target_time_scale = 1.0
+        self.timed_passes = 0  # passes with times (tree or not)
+        self._last_timing_replan = 0
+        self.guard = SpeedGuard(guard) if guard is not None else None  # None: trust the plan alone (tests)
         self.extra = extra  # a dict (the generator's info.extra) where `summary()` is kept up to date, under `key`
         self.key = key
         self._publish()
@@ -75,9 +102,19 @@ class AdaptiveBudget:
 
     @property
     def speculates(self) -> bool:
-        """False: the plan predicts no tree beats the target alone, so passes run without a tree. Such passes
-        accept nothing to observe, so the policy stays there; a fixed --budget still speculates."""
+        """False: the plan predicts no tree beats the target alone, so passes run without a tree. Timing drift
+        can re-plan it back (the target's times are still observed); a fixed --budget still speculates."""
         return self.plan.speculates
+
+    def use_tree(self) -> bool:
+        """Whether the next pass grows a tree: the plan says so and the measured speeds agree (SpeedGuard).
+        Where a re-plan (measured times) turned trees off, a tree is still probed now and then, so that the
+        draft's time gets measured again; a plan that never had trees (the profile's) is trusted."""
+        if self.guard is None:
+            return self.plan.speculates
+        if not self.plan.speculates and not self.replans:
+            return False
+        return self.guard.wants_tree(planned=self.plan.speculates)
 
     def next_tree(self, base: TreeConfig) -> TreeConfig:
         """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's."""
@@ -85,16 +122,78 @@ class AdaptiveBudget:
         return replace(base, budget=best.budget, max_beams=best.max_beams, max_depth=best.max_depth,
                        drafter=best.drafter)
 
-    def observe(self, stats: PassStats) -> None:
-        if stats.tree_size <= 0 or stats.tree_size > stats.budget:  # not a speculative pass, or a confident suffix
-            return  # pass beyond the budget (TreeConfig.confident_budget): the curve is per budget
+    def _expected_accepted(self, budget: int) -> float:
         depth = self.plan.best.max_depth
-        predicted = min(self.acceptance(stats.budget, depth), float(stats.budget), float(depth))
-        self.window.append((stats.accepted, predicted))
-        self.passes += 1
-        if len(self.window) >= self.config.min_passes and self.passes - self._last_replan >= self.config.min_gap:
-            self._maybe_replan()
+        return min(self.acceptance(budget, depth), float(budget), float(depth))
+
+    def observe(self, stats: PassStats) -> None:
+        """One pass's statistics: a tree pass (tree_size > 0) or a pass of the target alone."""
+        if stats.tree_size > stats.budget > 0:  # a confident suffix pass beyond the budget
+            return  # (TreeConfig.confident_budget): the acceptance curve and the timing model are per budget
+        tree = stats.tree_size > 0
+        if tree:
+            predicted = self._expected_accepted(stats.budget)
+            self.window.append((stats.accepted, predicted))
+            self.passes += 1
+            if len(self.window) >= self.config.min_passes and self.passes - self._last_replan >= self.config.min_gap:
+                self._maybe_replan()
+        if stats.draft_seconds > 0 or stats.target_seconds > 0:  # zero times: not measured (scripted passes)
+            self._observe_times(stats, tree)
         self._publish()
+
+    # -- timing -------------------------------------------------------------------------------
+
+    def _observe_times(self, stats: PassStats, tree: bool) -> None:
+        best, costs = self.plan.best, self.costs  # the profile's costs: ratios are against scale 1
+        if tree:
+            draft = draft_seconds(costs, self.acceptance, stats.budget, best.max_beams, best.max_depth)
+            target = costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head
+            if draft > 0:
+                self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))
+            if self.guard is not None:
+                expected = 1.0 + min(self._expected_accepted(stats.budget) * self.scale, float(stats.budget))
+                self.guard.observe_tree(stats.draft_seconds + stats.target_seconds, expected)
+        else:
+            target = costs.autoregressive_seconds()
+            if self.guard is not None:
+                self.guard.observe_plain(stats.target_seconds)
+        if target > 0:
+            self.target_ratios.append(stats.target_seconds / target)
+        self.timed_passes += 1
+        if (len(self.target_ratios) >= self.config.min_passes
+                and self.timed_passes - self._last_timing_replan >= self.config.min_gap):
+            self._maybe_retime()
+
+    def _maybe_retime(self) -> None:
+        cfg = self.config
+        target = statistics.median(self.target_ratios)
+        recent = [r for at, r in self.draft_ratios if at > self.timed_passes - cfg.time_window]
+        if len(recent) >= cfg.min_passes:
+            draft = statistics.median(recent)
+        elif recent:  # a few tree probes: the median of what they measured
+            draft = statistics.median(recent)
+            if abs(draft / self.draft_time_scale - 1) <= cfg.time_tolerance:
+                draft = self.draft_time_scale
+        else:  # no recent trees: the draft is assumed to have slowed or sped up like the target
+            draft = self.draft_time_scale * target / self.target_time_scale
+        moved = [abs(new / old - 1) > cfg.time_tolerance
+                 for new, old in ((draft, self.draft_time_scale), (target, self.target_time_scale))]
+        if not any(moved):
+            return
+        clamp = lambda x: min(cfg.max_time_scale, max(cfg.min_time_scale, x))  # noqa: E731
+        self.draft_time_scale, self.target_time_scale = clamp(draft), clamp(target)
+        self._last_timing_replan = self.timed_passes
+        self._replan("timing")
+
+    def reset_timing(self) -> None:
+        """Forget the timing windows (e.g. the thread count changed); the next passes measure afresh."""
+        self.draft_ratios.clear()
+        self.target_ratios.clear()
+        self._last_timing_replan = self.timed_passes
+        if self.guard is not None:
+            self.guard.reset()
+
+    # -- acceptance ---------------------------------------------------------------------------
 
     def observed_scale(self) -> tuple[float, float]:
         """(scale, standard error) from the window: sum(observed) / sum(predicted)."""
@@ -113,14 +212,21 @@ class AdaptiveBudget:
         change = abs(r - self.scale)
         if change <= self.config.tolerance * self.scale or change <= self.config.z * se:
             return
-        scale = min(self.config.max_scale, max(self.config.min_scale, r))
-        old = self.plan.best.budget
-        self.plan = plan(self.costs, self.acceptance, self.planner, acceptance_scale=scale)
-        self.scale = scale
+        self.scale = min(self.config.max_scale, max(self.config.min_scale, r))
         self._last_replan = self.passes
+        self._replan("acceptance")
+
+    def _replan(self, reason: str) -> None:
+        old = self.plan.best.budget
+        costs = self.costs.scaled(draft=self.draft_time_scale, target=self.target_time_scale)
+        self.plan = plan(costs, self.acceptance, self.planner, acceptance_scale=self.scale)
+        if self.guard is not None and self.plan.best.budget != old:
+            self.guard.forget_trees()
         n = len(self.window)
-        self.replans.append(Replan(self.passes, old, self.plan.best.budget, scale,
-                                   sum(a for a, _ in self.window) / n, sum(p for _, p in self.window) / n))
+        observed = sum(a for a, _ in self.window) / n if n else 0.0
+        predicted = sum(p for _, p in self.window) / n if n else 0.0
+        self.replans.append(Replan(self.passes, old, self.plan.best.budget, self.scale, observed, predicted,
+                                   reason, self.draft_time_scale, self.target_time_scale))
 
     def summary(self) -> dict:
         n = len(self.window)
@@ -130,7 +236,9 @@ class AdaptiveBudget:
                 "observed_accepted": round(sum(a for a, _ in self.window) / n, 4) if n else None,
                 "predicted_accepted": round(self.scale * sum(p for _, p in self.window) / n, 4) if n else None,
                 "predicted_tokens_per_second": round(self.plan.best.tokens_per_second, 4),
-                "speculate": self.speculates,
+                "draft_time_scale": round(self.draft_time_scale, 4),
+                "target_time_scale": round(self.target_time_scale, 4),
+                "speculate": self.speculates, "guard": self.guard.summary() if self.guard is not None else None,
                 "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]]}
 
     def _publish(self) -> None:

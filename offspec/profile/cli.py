@@ -70,11 +70,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if min(args.prompts or 1, args.passes or 1, args.max_tree or 1) <= 0:
         raise OffspecError("--prompts, --passes and --max-tree must be positive")
     prompts = measure.calibration_prompts(config.prompts, Path(args.calibration) if args.calibration else None)
-    progress = TqdmProgress()
-    generator = offspec.load(progress=progress, **options)
-    load_cfg = _load_config(options)
-    data, chosen = builder.build_profile(generator, load_cfg, quick=args.quick, prompts=prompts, config=config,
-                                         progress=progress)
+    with TqdmProgress() as progress:  # closed before any error or `interrupted` line
+        generator = offspec.load(progress=progress, **options)
+        generator.threads = None  # one thread count (sized at load) for every measurement of the profile
+        load_cfg = _load_config(options)
+        data, chosen = builder.build_profile(generator, load_cfg, quick=args.quick, prompts=prompts, config=config,
+                                             progress=progress)
     written = []
     if not args.no_save:
         written.append(save_profile(data, profile_path(data["key"])))

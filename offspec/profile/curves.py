@@ -55,6 +55,10 @@ class CostCurve:
     def largest(self) -> int:
         return self.points[-1][0]
 
+    def scaled(self, factor: float) -> "CostCurve":
+        """Every time multiplied by `factor` (a machine that got slower or faster than when measured)."""
+        return CostCurve(tuple((n, s * factor) for n, s in self.points))
+
     def as_lists(self) -> list[list[float]]:
         return [[n, round(s, 7)] for n, s in self.points]
 

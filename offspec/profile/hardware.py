@@ -16,7 +16,10 @@ from typing import Callable, Optional
 
 import torch
 
+from ..errors import OffspecError
 from ..paths import cache_dir
+from ..tempfiles import remove_stale_temps
+from ..writable import check_writable_dir
 from ..progress import ProgressEvent, ProgressFn, no_progress
 
 CHUNK = 16 * 2**20  # bytes per disk read call
@@ -106,7 +109,10 @@ def disk_read_bandwidth(directory: Path, nbytes: int, progress: ProgressFn = no_
     The file is written, flushed and dropped from the page cache, then read with O_DIRECT into an
     aligned buffer (or buffered after posix_fadvise(DONTNEED) where O_DIRECT is refused); then removed.
     """
+    check_writable_dir(directory, "the directory whose disk is measured", "pass a writable --offload-dir, "
+                       "or set OFFSPEC_CACHE_DIR")
     directory.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(directory, ".offspec-readtest-", ".bin")  # left by runs that were killed
     path = directory / f".offspec-readtest-{os.getpid()}.bin"
     block = os.urandom(CHUNK)
     nbytes = max(CHUNK, nbytes // CHUNK * CHUNK)
@@ -146,6 +152,9 @@ def disk_read_bandwidth(directory: Path, nbytes: int, progress: ProgressFn = no_
             os.close(fd)
             buf.close()
         return done / seconds, how
+    except OSError as exc:  # e.g. a full disk while writing the test file
+        raise OffspecError(f"cannot measure the disk read speed in {directory}: {exc.strerror or exc}; free "
+                           f"{nbytes // 2**20} MB there or pass another --offload-dir") from None
     finally:
         path.unlink(missing_ok=True)
         progress(ProgressEvent("disk", "disk read", 2 * nbytes, 2 * nbytes, finished=True))

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from ..config import DRAFTERS, TreeConfig
@@ -53,6 +53,12 @@ class PairCosts:
 
     def autoregressive_seconds(self) -> float:
         return self.target_pass(1) + self.target_head
+
+    def scaled(self, draft: float = 1.0, target: float = 1.0) -> "PairCosts":
+        """These costs with every draft time times `draft` and every target time times `target`."""
+        return replace(self, target_pass=self.target_pass.scaled(target), target_head=self.target_head * target,
+                       draft_step=self.draft_step.scaled(draft),
+                       draft_propose=self.draft_propose.scaled(draft) if self.draft_propose else None)
 
 
 @dataclass(frozen=True)

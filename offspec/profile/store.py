@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 from ..errors import OffspecError
 from ..paths import config_dir
+from ..tempfiles import remove_stale_temps
+from ..writable import check_writable_dir
 from .curves import AcceptanceCurve, CostCurve
 from .planner import PairCosts
 from .schema import ACCEPTANCE_FILE_SCHEMA, ACCEPTANCE_FORMAT, FORMAT, validate
@@ -89,8 +91,11 @@ def read_json(path: Path, what: str = "profile") -> Any:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise OffspecError(f"{what} {path} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OffspecError(f"cannot read {what} {path}: {exc}") from None
+    except UnicodeDecodeError:
+        raise OffspecError(f"{what} {path} is not text (damaged?); delete it, or measure again with "
+                           f"`offspec profile`") from None
+    except OSError as exc:
+        raise OffspecError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -119,10 +124,15 @@ def load_acceptance(path: Path) -> tuple[AcceptanceCurve, str]:
 
 
 def save_profile(data: dict, path: Path) -> Path:
-    """Validate, then write atomically: a temp file in the same directory, fsync, rename."""
+    """Validate, then write atomically: a temp file in the same directory, fsync, rename. A failed write
+    (full disk, read-only directory) is one OffspecError line and leaves the previous file as it was; temp
+    files of runs that were killed are removed first."""
     path = Path(path)
     validate(data, str(path))
+    check_writable_dir(path.parent, "the profile directory", "make it writable, or save the profile "
+                       "elsewhere (OFFSPEC_CONFIG_DIR, or --no-save with --out FILE)")
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path.parent, f".{path.name}.", ".tmp")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -131,6 +141,10 @@ def save_profile(data: dict, path: Path) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OffspecError(f"cannot write profile {path}: {exc.strerror or exc}; free space or make "
+                           f"{path.parent} writable (nothing was changed)") from None
     except BaseException:  # Ctrl-C included: never leave a partial file behind
         tmp.unlink(missing_ok=True)
         raise

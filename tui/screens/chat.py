@@ -94,8 +94,14 @@ class ChatScreen(Screen[None]):
         yield Footer()
 
     async def on_mount(self) -> None:
+        self.session.attach(lambda line: self.notify(line, title="Chat history", severity="error", timeout=20,
+                                                     markup=False))
+        recovery = getattr(self.session.store, "recovery", None)
+        if recovery is not None:  # the history was damaged: say where the backup is, for long enough to read it
+            self.notify(recovery.note(), title="Chat history recovered", severity="warning", timeout=60,
+                        markup=False)
         await self.show_chat()
-        if self.session.store.list_chats() and self.app.size.width >= WIDE_SCREEN:
+        if self.session.list_chats() and self.app.size.width >= WIDE_SCREEN:
             self.query_one(ChatList).add_class("visible")  # saved chats one keypress away
         self.refresh_chat_list()
         self.refresh_status(system=True)
@@ -108,7 +114,7 @@ class ChatScreen(Screen[None]):
 
     def refresh_chat_list(self) -> None:
         chat = self.session.chat
-        self.query_one(ChatList).set_chats(self.session.store.list_chats(), chat.id if chat else None)
+        self.query_one(ChatList).set_chats(self.session.list_chats(), chat.id if chat else None)
 
     def refresh_status(self, system: bool = False) -> None:
         meter = self.reply.meter if self.reply else self.last_meter
@@ -137,15 +143,19 @@ class ChatScreen(Screen[None]):
             self.notify("A reply is being generated: wait for it, or press Esc to stop it.", severity="warning")
             return
         event.input.clear()
-        await self.send(text)
+        if not await self.send(text):
+            event.input.value = text  # it could not be saved: keep it for another try
 
-    async def send(self, text: str) -> None:
-        """Send `text` as the next user message and start streaming the reply."""
+    async def send(self, text: str) -> bool:
+        """Send `text` as the next user message and start streaming the reply; False (and nothing sent) when
+        it cannot be saved (the session reported why)."""
+        turn = self.session.start_turn(text)
+        if turn is None:
+            return False
+        user, stored = turn
         view = self.query_one(ChatView)
-        user = self.session.add_user_message(text)
         await view.add("user", text, message_id=user.id)
         messages = self.session.engine_messages()
-        stored = self.session.begin_reply()
         bubble = await view.add("assistant", "", message_id=stored.id, meta="generating…")
         view.follow()
         self.reply = ActiveReply(stored.id, bubble)
@@ -155,6 +165,7 @@ class ChatScreen(Screen[None]):
         self.refresh_status()
         start_reply(self.generator, messages, self.session.settings.generation_kwargs(), self.reply.cancel,
                     stored.id, self.post_message)
+        return True
 
     async def on_reply_chunk(self, message: ReplyChunk) -> None:
         reply = self.reply
