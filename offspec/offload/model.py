@@ -204,7 +204,8 @@ def _materialize(sk: Skeleton, ck: Checkpoint, packed: PackedSet, placement: Pla
     _load_resident_parts(sk, ck, device, dtype)
     reader = FileReader(config.direct_io)
     cuda = device.type == "cuda"
-    staging = aligned_empty(max(s.file_bytes for s in packed.layers), pin=True) if cuda else None
+    # (file_bytes,) host buffer for the resident layers' reads; pageable: nothing stays pinned after loading (issue 12)
+    staging = aligned_empty(max(s.file_bytes for s in packed.layers)) if cuda else None
     sources, bindings = [], []
     n = len(sk.layers)
     for i, (layer, tier) in enumerate(zip(sk.layers, placement.tiers)):
@@ -219,7 +220,7 @@ def _materialize(sk: Skeleton, ck: Checkpoint, packed: PackedSet, placement: Pla
                 payload = _read_checked(reader, packed, i, aligned_empty(spec.file_bytes))  # host memory is the device
             binding.bind(payload)
         elif tier == "ram":
-            buf = aligned_empty(spec.file_bytes, pin=cuda)  # (file_bytes,) host copy, pinned on CUDA
+            buf = aligned_empty(spec.file_bytes, pin=cuda, device=device)  # (file_bytes,) host copy, pinned on CUDA
             sources.append(LayerSource(i, spec, ram=_read_checked(reader, packed, i, buf)))
             bindings.append(binding)
         else:
