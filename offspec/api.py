@@ -8,6 +8,8 @@ import torch
 
 from .cpu_linear import speed_up_cpu_linears
 from .config import GenerationConfig, LoadConfig, TreeConfig, split_auto_budget, split_options
+from .device import (check_device_budget, is_out_of_memory, out_of_memory_error, resolve_device, resolve_dtype,
+                     use_device)
 from .drafter import TreeDrafter
 from .engine import SpeculativeEngine
 from .errors import OffspecError
@@ -17,25 +19,7 @@ from .progress import ProgressEvent, ProgressFn, no_progress
 from .runner import ModelRunner
 from .types import ModelInfo
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-def resolve_device(name: Optional[str]) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise OffspecError(f"unknown device {name!r}; use cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OffspecError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
-    return device
-
-
-def resolve_dtype(name: Optional[str], device: torch.device) -> torch.dtype:
-    if name is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+__all__ = ["load", "resolve_device", "resolve_dtype"]  # resolve_*: offspec.device, kept here for callers
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -75,8 +59,15 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     offload = OffloadConfig.from_load_config(load_cfg)  # offloading budgets; bad sizes fail here, before loading
     device = resolve_device(load_cfg.device)
     dtype = resolve_dtype(load_cfg.dtype, device)
-    t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
-                     attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
+    use_device(device)  # cuda:N is the current device from here on (pinned memory, events, kernels)
+    check_device_budget(device, offload.device_mem)  # a --device-mem above what is free: one line, before loading
+    try:
+        t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
+                         attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory_error(exc, device, "loading the models", offload.device_mem) from None
 
     if device.type == "cpu":
         for model in (t.model, d.model):
@@ -90,6 +81,11 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64)
     if t.offload is not None and t.offload.streamer is not None:
         target_runner.io = t.offload.streamer  # offloading: bytes streamed and io wait per pass (PassStats)
+    if t.offload is not None and t.offload.placement.streams:  # every pass streams the layers: fewest prefill passes
+        from .offload.prefill import chunk_planner
+
+        elem = torch.empty((), dtype=dtype).element_size()
+        target_runner.prefill_chunk = chunk_planner(t.model.config, t.offload.placement.sizes.activation_bytes, elem)
     engine = SpeculativeEngine(target_runner, TreeDrafter(draft_runner), max_context=max_context,
                                max_budget=load_cfg.max_budget)
     info = ModelInfo(target=t.name, draft=d.name, device=str(device), dtype=str(dtype).replace("torch.", ""),
@@ -100,7 +96,13 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)
 
     progress(ProgressEvent("warmup", "warming up", 0, 1))
-    generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))
+    try:
+        generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        budget = t.offload.placement.device_budget if t.offload is not None else offload.device_mem
+        raise out_of_memory_error(exc, device, "the warm-up", budget) from None
     engine.tokens = []  # forget the warm-up conversation
     engine.target.cache.truncate(0)
     draft_runner.cache.truncate(0)
