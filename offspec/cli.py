@@ -1,4 +1,5 @@
-"""The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat, bench, profile, plan.
+"""The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat, bench, profile, plan,
+doctor.
 
 Errors a user can fix are one line on stderr (exit 2); Ctrl-C stops cleanly (exit 130).
 """
@@ -75,8 +76,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-context", type=int, help=f"context limit in tokens (default {_LOAD.max_context})")
     g.add_argument("--max-budget", type=int, help=f"largest tree budget allowed (default {_LOAD.max_budget})")
     o = p.add_argument_group("offloading (the target's layers: resident on the device, streamed from RAM or SSD)")
-    o.add_argument("--device-mem", metavar="SIZE", help="device memory budget, e.g. 22GB or 512MiB "
-                   "(default: what is free); on CPU it caps offspec's process memory")
+    o.add_argument("--device-mem", metavar="SIZE", help="device memory budget, e.g. 20GB or 512MiB "
+                   "(default: 92%% of what is free; more than is free is refused); on CPU it caps offspec's "
+                   "process memory")
     o.add_argument("--ram-mem", metavar="SIZE", help="host RAM budget for layers streamed from RAM "
                    "(default: what is free on CUDA machines, 0 on CPU)")
     o.add_argument("--quant", choices=["none", "nf4", "int8"], help="the target's layers in 4-bit NF4 or 8-bit (bitsandbytes)")
@@ -139,6 +141,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "(see `offspec profile --help`)", add_help=False)
     sub.add_parser("plan", help="project tokens/s for hardware you do not have (see `offspec plan --help`)",
                    add_help=False)
+    sub.add_parser("doctor", help="check what offspec will do on this machine: device, copies, SSD, streaming "
+                                  "(see `offspec doctor --help`)", add_help=False)
 
     c = sub.add_parser("chat", help="the terminal chat")
     _add_model_args(c)
@@ -237,7 +241,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _delegated(argv: list[str]):
-    """Sub-commands with their own parsers: `profile`, `plan` and `bench offload`."""
+    """Sub-commands with their own parsers: `profile`, `plan`, `bench offload` and `doctor`."""
     if argv[:1] == ["profile"]:
         from .profile.cli import profile_main
 
@@ -250,6 +254,10 @@ def _delegated(argv: list[str]):
         from .offload.bench import main as offload_bench_main
 
         return lambda: offload_bench_main(argv[2:])
+    if argv[:1] == ["doctor"]:
+        from .doctor.cli import main as doctor_main
+
+        return lambda: doctor_main(argv[1:])
     return None
 
 

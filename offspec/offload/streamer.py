@@ -281,6 +281,16 @@ class LayerStreamer:
             p.holding = False
             p.cv.notify_all()
 
+    def settle(self) -> int:
+        """Wait until the ring holds the next jobs and their copies are done, so that a timing window starts with
+        nothing in flight (benchmarks, `offspec doctor`). Returns how many jobs are ready ahead (the ring size)."""
+        p = self._p
+        with p.cv:
+            while p.error is None and not p.stop and p.issued < p.released + p.n:
+                p.cv.wait()  # host waits for the copier to fill the ring
+        p.streams.drain_copies()  # sync: the copy stream, outside any timed window
+        return p.issued - p.released
+
     def counters(self) -> tuple[int, float]:
         """(weight bytes streamed, seconds waited for weights), cumulative. Waits include GPU-side stalls
         whose timing events have completed (they are resolved lazily, without a sync)."""
