@@ -95,14 +95,19 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
         info.extra["placement"] = t.offload.summary()  # offloading: where the target's layers live
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)
 
+    budget = t.offload.placement.device_budget if t.offload is not None else offload.device_mem
+
+    def out_of_memory(exc: Exception, when: str) -> OffspecError:
+        generator.close()  # the streamed target's buffers (pinned RAM on CUDA) go now
+        return out_of_memory_error(exc, device, when, budget)
+
     progress(ProgressEvent("warmup", "warming up", 0, 1))
     try:
         generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        budget = t.offload.placement.device_budget if t.offload is not None else offload.device_mem
-        raise out_of_memory_error(exc, device, "the warm-up", budget) from None
+        raise out_of_memory(exc, "the warm-up") from None
     engine.tokens = []  # forget the warm-up conversation
     engine.target.cache.truncate(0)
     draft_runner.cache.truncate(0)
@@ -110,5 +115,10 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     if auto_budget:  # budget="auto": plan the tree from a matching measured profile, else a quick start-up estimate
         from .profile.auto import apply_auto_budget
 
-        apply_auto_budget(generator, load_cfg, progress)
+        try:
+            apply_auto_budget(generator, load_cfg, progress)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            raise out_of_memory(exc, "the start-up timing of the tree budget") from None
     return generator

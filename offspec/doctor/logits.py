@@ -1,6 +1,7 @@
-"""Do streamed layers compute exactly what resident ones do? A small random Llama, once loaded whole and once
-with its layers on the device, in (pinned) RAM and on SSD through the real packed files and layer streamer:
-the logits of a causal prefill and of a tree pass (siblings sharing positions) must be equal, bit for bit.
+"""Do streamed layers compute exactly what resident ones do? A small random Llama is loaded twice through the
+same offloading loader and packed files: once with every layer resident, once with its layers on the device,
+in (pinned) RAM and on SSD through the layer streamer. The logits of a causal prefill and of a tree pass
+(siblings sharing positions) must be equal, bit for bit: the only difference is where the weights came from.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ def save_random_llama(path: Path, seed: int = 0) -> Path:
     """A 4-layer random Llama (hidden 128, vocab 512) saved as safetensors, without a tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from ..convert import quiet_transformers
+
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=len(TIERS),
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          tie_word_embeddings=False)
-    from ..convert import quiet_transformers
-
     model = LlamaForCausalLM(config).float().eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -30,15 +31,6 @@ def save_random_llama(path: Path, seed: int = 0) -> Path:
     with quiet_transformers():
         model.save_pretrained(path, safe_serialization=True)
     return path
-
-
-def _fresh_parameters(model) -> None:
-    """Parameters copied into fresh allocations, as offspec's own buffers are: CPU weights left in the safetensors
-    mmap are only 8-byte aligned, where MKL takes other code paths (results differ in the last bits)."""
-    for module in model.modules():
-        for name, value in list(module._parameters.items()):
-            if value is not None:
-                module._parameters[name] = torch.nn.Parameter(value.detach().clone(), requires_grad=False)
 
 
 def passes(model) -> list[torch.Tensor]:
@@ -71,25 +63,25 @@ def passes(model) -> list[torch.Tensor]:
 def compare(device: torch.device, dtype: torch.dtype, workdir: Path) -> dict:
     """Resident vs streamed logits of the random Llama on `device` in `dtype`: equal, and the largest difference."""
     from ..cpu_linear import speed_up_cpu_linears
-    from ..loading import load_model
     from ..offload.config import OffloadConfig
     from ..offload.model import load_offloaded
     from ..sources import ResolvedModel
 
     resolved = ResolvedModel(name="random-llama", path=save_random_llama(workdir / "random-llama"), kind="local")
-    resident = load_model(resolved, device=device, dtype=dtype, tokenizer=False).model  # no tokenizer needed
     config = OffloadConfig(offload_dir=workdir / "packed", pack_always=True, max_context=64, max_budget=16)
-    streamed, handle = load_offloaded(resolved, device=device, dtype=dtype, attn_implementation="sdpa",
-                                      config=config, tiers=TIERS, report=False)
-    if device.type == "cpu":  # as offspec.load does on a CPU
-        _fresh_parameters(resident)
-        for model in (resident, streamed):
-            speed_up_cpu_linears(model)
+    models, handles = [], []
+    for tiers in (("device",) * len(TIERS), TIERS):
+        model, handle = load_offloaded(resolved, device=device, dtype=dtype, attn_implementation="sdpa",
+                                       config=config, tiers=tiers, report=False)
+        if device.type == "cpu":
+            speed_up_cpu_linears(model)  # as offspec.load does on a CPU
+        models.append(model)
+        handles.append(handle)
     try:
-        want, got = passes(resident), passes(streamed)
-        streamed_bytes = handle.streamer.counters()[0]
+        want, got = passes(models[0]), passes(models[1])
+        streamed_bytes = handles[1].streamer.counters()[0]
     finally:
-        handle.streamer.close()
+        handles[1].streamer.close()
     diff = max(float((a - b).abs().max()) for a, b in zip(got, want))
     return {"equal": all(torch.equal(a, b) for a, b in zip(got, want)), "max_difference": diff,
             "tiers": list(TIERS), "bytes_streamed": streamed_bytes, "dtype": str(dtype).removeprefix("torch.")}
