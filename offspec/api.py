@@ -10,6 +10,8 @@ import torch
 from .cpu_linear import speed_up_cpu_linears
 from .config import (NO_DRAFT, GenerationConfig, LoadConfig, TreeConfig, budget_room_error, split_auto_budget,
                      split_options)
+from .device import (check_device_budget, is_out_of_memory, out_of_memory_error, resolve_device, resolve_dtype,
+                     use_device)
 from .hybrid import build_drafter
 from .engine import SpeculativeEngine
 from .errors import OffspecError
@@ -20,25 +22,7 @@ from .runner import ModelRunner
 from .threads import configure_threads
 from .types import ModelInfo
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-def resolve_device(name: Optional[str]) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise OffspecError(f"unknown device {name!r}; use cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OffspecError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
-    return device
-
-
-def resolve_dtype(name: Optional[str], device: torch.device) -> torch.dtype:
-    if name is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+__all__ = ["load", "resolve_device", "resolve_dtype"]  # resolve_*: offspec.device, kept here for callers
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -108,12 +92,20 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     device, dtype, auto_budget = plan.device, plan.dtype, plan.auto_budget
     # CPU threads: fixed by the user, or sized to the cores other processes leave free (sampled over the load)
     governor = configure_threads(load_cfg.threads) if device.type == "cpu" else None
-    if load_cfg.draft == NO_DRAFT:
-        t, d = load_target(load_cfg.target, device=device, dtype=dtype,
-                           attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload), None
-    else:
-        t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
-                         attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
+    use_device(device)  # cuda:N is the current device from here on (pinned memory, events, kernels)
+    check_device_budget(device, offload.device_mem)  # a --device-mem above what is free: one line, before loading
+    try:
+        if load_cfg.draft == NO_DRAFT:
+            t, d = load_target(load_cfg.target, device=device, dtype=dtype,
+                               attn_implementation=load_cfg.attn_implementation, progress=progress,
+                               offload=offload), None
+        else:
+            t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
+                             attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory_error(exc, device, "loading the models", offload.device_mem) from None
     if governor is not None:
         governor.update(force=True)  # before the warm-up and the budget plan, which time passes
 
@@ -130,6 +122,11 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64) if d is not None else None
     if t.offload is not None and t.offload.streamer is not None:
         target_runner.io = t.offload.streamer  # offloading: bytes streamed and io wait per pass (PassStats)
+    if t.offload is not None and t.offload.placement.streams:  # every pass streams the layers: fewest prefill passes
+        from .offload.prefill import chunk_planner
+
+        elem = torch.empty((), dtype=dtype).element_size()
+        target_runner.prefill_chunk = chunk_planner(t.model.config, t.offload.placement.sizes.activation_bytes, elem)
     drafter = build_drafter(draft_runner, device)  # model, suffix or hybrid trees, as each pass's TreeConfig asks
     tree_cfg = replace(tree_cfg, drafter=drafter.check_mode(tree_cfg.drafter))
     engine = SpeculativeEngine(target_runner, drafter, max_context=max_context, max_budget=load_cfg.max_budget)
@@ -144,12 +141,28 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     if governor is not None:
         info.extra["threads"] = governor.summary()
 
+    budget = t.offload.placement.device_budget if t.offload is not None else offload.device_mem
+
+    def out_of_memory(exc: Exception, when: str) -> OffspecError:
+        generator.close()  # the streamed target's buffers (pinned RAM on CUDA) go now
+        return out_of_memory_error(exc, device, when, budget)
+
     progress(ProgressEvent("warmup", "warming up", 0, 1))
-    generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))
+    try:
+        generator.generate("Hi", max_new_tokens=2, budget=min(tree_cfg.budget, 4))
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory(exc, "the warm-up") from None
     engine.forget()  # forget the warm-up conversation (and keep its output out of the session history)
     progress(ProgressEvent("warmup", "warming up", 1, 1, finished=True))
     if auto_budget:  # budget="auto": plan the tree from a matching measured profile, else a quick start-up estimate
         from .profile.auto import apply_auto_budget
 
-        apply_auto_budget(generator, load_cfg, progress)
+        try:
+            apply_auto_budget(generator, load_cfg, progress)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            raise out_of_memory(exc, "the start-up timing of the tree budget") from None
     return generator

@@ -334,7 +334,7 @@ def environment(generator) -> dict:
            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
            "extra": _snapshot(info.extra)}  # auto's state in it changes as it runs
     if info.device.startswith("cuda"):
-        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpu"] = torch.cuda.get_device_name(torch.device(info.device))  # the GPU it ran on, not GPU 0
     return env
 
 

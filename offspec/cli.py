@@ -1,5 +1,5 @@
 """The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat, serve, bench, profile,
-plan.
+plan, doctor.
 
 Errors a user can fix are one line on stderr (exit 2); Ctrl-C stops cleanly (exit 130).
 """
@@ -51,8 +51,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=_threads_arg, metavar="N|auto", help="CPU threads (default auto: the cores "
                    "other processes leave free, re-checked while generating)")
     o = p.add_argument_group("offloading (the target's layers: resident on the device, streamed from RAM or SSD)")
-    o.add_argument("--device-mem", metavar="SIZE", help="device memory budget, e.g. 22GB or 512MiB "
-                   "(default: what is free); on CPU it caps offspec's process memory")
+    o.add_argument("--device-mem", metavar="SIZE", help="device memory budget, e.g. 20GB or 512MiB "
+                   "(default: 92%% of what is free; more than is free is refused); on CPU it caps offspec's "
+                   "process memory")
     o.add_argument("--ram-mem", metavar="SIZE", help="host RAM budget for layers streamed from RAM "
                    "(default: what is free on CUDA machines, 0 on CPU)")
     o.add_argument("--quant", choices=["none", "int4", "int8", "nf4"],
@@ -142,6 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "(see `offspec profile --help`)", add_help=False)
     sub.add_parser("plan", help="project tokens/s for hardware you do not have (see `offspec plan --help`)",
                    add_help=False)
+    sub.add_parser("doctor", help="check what offspec will do on this machine: device, copies, SSD, streaming "
+                                  "(see `offspec doctor --help`)", add_help=False)
 
     sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the models (see `offspec serve --help`)",
                    add_help=False)
@@ -236,7 +239,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _delegated(argv: list[str]):
-    """Sub-commands with their own parsers: `setup`, `profile`, `plan`, `serve` and `bench offload`."""
+    """Sub-commands with their own parsers: `setup`, `profile`, `plan`, `serve`, `bench offload`
+    and `doctor`."""
     if argv[:1] == ["setup"]:
         from .setup_cli import setup_main
 
@@ -257,6 +261,10 @@ def _delegated(argv: list[str]):
         from .offload.bench import main as offload_bench_main
 
         return lambda: offload_bench_main(argv[2:])
+    if argv[:1] == ["doctor"]:
+        from .doctor.cli import main as doctor_main
+
+        return lambda: doctor_main(argv[1:])
     return None
 
 

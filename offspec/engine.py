@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from .config import SamplingConfig, TreeConfig
+from .device import sync_compute
 from .drafter import Drafter
 from .errors import OffspecError
 from .runner import ModelRunner
@@ -24,8 +25,9 @@ from .verify import acceptance_walk
 
 
 def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # sync: timings must include queued GPU work
+    # sync: the compute stream only, so that timings include queued compute; not torch.cuda.synchronize, which
+    # would also wait for the copy stream loading the next pass's first layers (it must go on while the draft grows)
+    sync_compute(device)
     return time.perf_counter()
 
 

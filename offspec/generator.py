@@ -71,6 +71,13 @@ class Generator:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def close(self) -> None:
+        """Release a streamed target's ring slots, staging buffers and RAM-tier copies (pinned host memory on
+        CUDA) now rather than when the generator is garbage collected; it cannot generate afterwards."""
+        io = self.engine.target.io
+        if io is not None and hasattr(io, "close"):
+            io.close()
+
     # --- generation ------------------------------------------------------------------------------
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         result = None

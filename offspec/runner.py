@@ -6,11 +6,15 @@ needed (a 4096-node tree times a 152k vocabulary would be gigabytes of logits).
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
 from .formats.attention import exact as exact_attention
 from .formats.attention import install as install_attention
 from .kvcache import SlotKVCache
+
+PREFILL_CHUNK = 512  # tokens per prefill pass of a resident model (bounds its activation memory)
 
 
 def compute_device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
@@ -39,6 +43,9 @@ class ModelRunner:
         self.cache = SlotKVCache(model.config.num_hidden_layers, capacity)
         self._min = torch.finfo(self.dtype).min
         self.io = None  # an offloading streamer with `counters() -> (bytes streamed, seconds waited)`, if any
+        # (tokens cached, tokens left to prefill) -> tokens in the next prefill pass; a streamed target takes the
+        # largest chunk its activation reserve allows (offspec.offload.prefill), as each pass streams every layer
+        self.prefill_chunk: Callable[[int, int], int] = lambda cached, remaining: min(remaining, PREFILL_CHUNK)
 
     def io_counters(self) -> tuple[int, float]:
         """Cumulative (weight bytes streamed, seconds spent waiting for weights); zeros when nothing streams."""
@@ -73,12 +80,16 @@ class ModelRunner:
         return self.lm_head(hidden)
 
     @torch.inference_mode()
-    def extend(self, tokens: list[int], chunk: int = 512) -> torch.Tensor:
-        """Append committed tokens causally (prefill / catch-up); return the last token's hidden state (hidden,)."""
+    def extend(self, tokens: list[int], chunk: Optional[int] = None) -> torch.Tensor:
+        """Append committed tokens causally (prefill / catch-up) in passes of `chunk` tokens (None: as
+        `prefill_chunk` says); return the last token's hidden state (hidden,)."""
         hidden = None
-        for start in range(0, len(tokens), chunk):
-            part = tokens[start : start + chunk]
+        start = 0
+        while start < len(tokens):
             base = self.cache.length
+            size = chunk if chunk is not None else max(1, self.prefill_chunk(base, len(tokens) - start))
+            part = tokens[start : start + size]
+            start += len(part)
             q = len(part)
             ids = torch.tensor(part, dtype=torch.long, device=self.device)  # (q,)
             pos = torch.arange(base, base + q, device=self.device)  # (q,) slot == position for committed tokens

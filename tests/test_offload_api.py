@@ -125,3 +125,23 @@ def test_bench_with_a_streamed_target_counts_bytes_and_stays_lossless(tiny_dirs,
     assert [c["at_prompt"] for c in report["disk_checks"]] == [0, 2]
     assert all(c["ssd_read"] > 0 and c["ssd_read_bytes"] > 0 for c in report["disk_checks"])
     assert "Raw read of the streamed layer files" in (tmp_path / "bench" / "bench.md").read_text()
+
+
+def test_close_releases_a_streamed_targets_buffers_and_later_use_is_one_line(tiny_dirs, deep_targets, tmp_path):
+    import gc
+    import weakref
+
+    target, draft = deep_targets["llama"], tiny_dirs[("llama", 0)][1]
+    options = dict(dtype="float32", max_context=128, max_budget=16, budget=4)
+    budget = _minimal_device_mem(target, draft, tmp_path, **options)
+    gen = offspec.load(str(target), str(draft), device_mem=budget, ram_mem="1MB", offload_dir=str(tmp_path),
+                       **options)
+    streamer = gen.engine.target.io
+    held = [weakref.ref(t.untyped_storage()) for t in streamer._p.staging + streamer._p.slots]
+    held += [weakref.ref(s.ram.untyped_storage()) for s in streamer._p.order if s.ram is not None]
+    assert len(held) > 4
+    gen.close()
+    gc.collect()
+    assert all(ref() is None for ref in held)  # slots, staging buffers and RAM copies are gone (unpinned on CUDA)
+    with pytest.raises(OffspecError, match="the layer streamer was closed; load the model again"):
+        gen.generate("Hello", max_new_tokens=4)

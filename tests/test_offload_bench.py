@@ -5,8 +5,25 @@ import json
 from offspec.offload.bench import main
 
 
-def test_bench_offload_writes_json_and_plot(tiny_dirs, tmp_path, capsys):
+def test_bench_offload_writes_json_and_plot(tiny_dirs, tmp_path, capsys, monkeypatch):
+    import offspec.offload.bench as bench
+    import offspec.offload.model as model
     from tiny import save_tiny_model
+
+    streamers, closed_when_accelerate_loads = [], []
+
+    class Recorded(model.LayerStreamer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            streamers.append(self)
+
+    def accelerate_model(*args, **kwargs):  # offspec's streamer (pinned buffers on CUDA) must be gone by now
+        closed_when_accelerate_loads.append([s.closed and s._p.staging == [] for s in streamers])
+        return real_accelerate_model(*args, **kwargs)
+
+    real_accelerate_model = bench.accelerate_model
+    monkeypatch.setattr(model, "LayerStreamer", Recorded)
+    monkeypatch.setattr(bench, "accelerate_model", accelerate_model)
 
     target = save_tiny_model(tmp_path / "target", layers=6, hidden=256)  # 2.4 MB per layer
     out = tmp_path / "out"
@@ -23,4 +40,5 @@ def test_bench_offload_writes_json_and_plot(tiny_dirs, tmp_path, capsys):
     assert all(r["bytes_streamed"] == report["placement"]["bytes_per_pass"] for r in report["offspec"])
     assert set(report["ratio_accelerate_over_offspec"]) == {"1", "8"}
     assert "| tokens |" in capsys.readouterr().out
+    assert closed_when_accelerate_loads == [[True]]
     assert main(["--target", str(target), "--device-mem", "12XB", "--out", str(out)]) == 2

@@ -1,5 +1,7 @@
 """Offloading units without models: sizes, placement under budgets, the packed file format, the streamer."""
 
+import errno
+import os
 import threading
 
 import pytest
@@ -7,10 +9,11 @@ import torch
 
 from offspec import OffspecError
 from offspec.offload.config import OffloadConfig
+from offspec.offload import diskio
 from offspec.offload.diskio import FileReader, aligned_empty
 from offspec.offload.packed import (HEADER, StoreInvalid, build_store, ensure_store, open_store, plan_layer,
                                     tensor_views)
-from offspec.offload.placement import ModelSizes, plan_placement, spread
+from offspec.offload.placement import ModelSizes, plan_placement, ram_bytes, spread
 from offspec.offload.sizes import format_size, parse_size
 from offspec.offload.streamer import LayerSource, LayerStreamer
 
@@ -34,8 +37,12 @@ def test_format_size():
     assert format_size(1_234_000_000) == "1.23 GB" and format_size(512) == "512 B"
 
 
+def _file_bytes(layer):
+    return HEADER + -(-layer // HEADER) * HEADER  # as packed.LayerSpec.file_bytes: header + payload padded to 4 KiB
+
+
 def _sizes(n=8, layer=100, other=50, kv=30, act=20, extra=0):
-    return ModelSizes(layer_bytes=(layer,) * n, file_bytes=layer + HEADER, other_bytes=other, kv_bytes=kv,
+    return ModelSizes(layer_bytes=(layer,) * n, file_bytes=_file_bytes(layer), other_bytes=other, kv_bytes=kv,
                       activation_bytes=act, extra_bytes=extra)
 
 
@@ -46,8 +53,9 @@ def test_everything_fits_on_the_device():
 
 def test_cuda_placement_device_then_ram_then_ssd_spread_evenly():
     sizes = _sizes(n=8, layer=100_000)
-    # device: 100 resident + 2 ring slots + 3 layers; RAM: 2 staging buffers + 2 layers (not 4: staging comes first)
-    cfg = OffloadConfig(device_mem=100 + 500_000, ram_mem=2 * (100_000 + HEADER) + 200_000)
+    # device: 100 resident + 2 ring slots + 3 layers; RAM: 2 staging buffers + 2 layers (not 4: staging comes first);
+    # a RAM-tier layer takes its whole packed file (header + payload padded to pages), as it does in memory
+    cfg = OffloadConfig(device_mem=100 + 500_000, ram_mem=2 * _file_bytes(100_000) + 2 * ram_bytes(100_000) + 1000)
     p = plan_placement(sizes, CUDA, cfg)
     assert (p.count("device"), p.count("ram"), p.count("ssd")) == (3, 2, 3)
     assert [i for i, t in enumerate(p.tiers) if t == "device"] == spread(8, 3) == [1, 4, 6]
@@ -58,7 +66,7 @@ def test_cuda_placement_device_then_ram_then_ssd_spread_evenly():
 
 def test_cpu_placement_charges_slots_and_staging_to_the_device_budget():
     sizes = _sizes(n=8, layer=100_000)
-    staging = 2 * (100_000 + HEADER)
+    staging = 2 * _file_bytes(100_000)
     p = plan_placement(sizes, CPU, OffloadConfig(device_mem=100 + 200_000 + staging + 250_000, ram_mem=0))
     assert (p.count("device"), p.count("ram"), p.count("ssd")) == (2, 0, 6)
     assert p.device_bytes <= p.device_budget and p.host_bytes == 0
@@ -67,7 +75,7 @@ def test_cpu_placement_charges_slots_and_staging_to_the_device_budget():
                                 CPU, OffloadConfig(device_mem=140 + 200_000 + staging + 250_000, ram_mem=0))
     assert with_draft.tiers == p.tiers and with_draft.device_breakdown()["draft"] == 40
     assert "(2 layers 200 KB, draft 40 B," in with_draft.describe()  # says what the device budget holds
-    p = plan_placement(sizes, CPU, OffloadConfig(device_mem=200_100, ram_mem=800_000))  # RAM tier given: no staging
+    p = plan_placement(sizes, CPU, OffloadConfig(device_mem=200_100, ram_mem=8 * ram_bytes(100_000)))  # no staging
     assert (p.count("device"), p.count("ram"), p.count("ssd")) == (0, 8, 0)
 
 
@@ -176,16 +184,16 @@ def test_streamer_serves_every_layer_in_order_across_passes_and_recovers_from_in
     assert threading.active_count() >= 1
 
 
-def test_direct_reads_fall_back_where_the_file_system_refuses_them(tmp_path, monkeypatch):
-    import errno
-    import os
-
+@pytest.mark.parametrize("code", sorted({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EFAULT}))
+def test_direct_reads_fall_back_where_the_file_system_refuses_them(tmp_path, monkeypatch, code):
+    """tmpfs on older kernels and some network file systems answer EINVAL, FUSE ones EOPNOTSUPP/ENOTSUP, and a
+    buffer the kernel cannot DMA into EFAULT: all are read buffered instead."""
     packed = build_store(tmp_path / "s", {}, _plans(1), lambda i: _fake_layer(i).items(), lambda e: None, "p", "p")
     real_open = os.open
 
-    def no_direct(path, flags, *args):  # what tmpfs on older kernels and some network file systems answer
+    def no_direct(path, flags, *args):
         if flags & getattr(os, "O_DIRECT", 0):
-            raise OSError(errno.EINVAL, "Invalid argument")
+            raise OSError(code, os.strerror(code))
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(os, "open", no_direct)
@@ -194,3 +202,23 @@ def test_direct_reads_fall_back_where_the_file_system_refuses_them(tmp_path, mon
     buf = aligned_empty(packed.layers[0].file_bytes)
     reader.read(packed.path(0), buf, packed.layers[0].file_bytes)
     assert torch.equal(tensor_views(buf[HEADER:], packed.layers[0])["b"], _fake_layer(0)["b"])
+
+
+def test_other_read_errors_are_not_mistaken_for_a_refused_o_direct(tmp_path, monkeypatch):
+    packed = build_store(tmp_path / "s", {}, _plans(1), lambda i: _fake_layer(i).items(), lambda e: None, "p", "p")
+    monkeypatch.setattr(os, "open", lambda *a: (_ for _ in ()).throw(OSError(errno.EACCES, "Permission denied")))
+    reader = FileReader(direct=True)
+    with pytest.raises(PermissionError):
+        reader.read(packed.path(0), aligned_empty(packed.layers[0].file_bytes), packed.layers[0].file_bytes)
+    assert reader.mode == "direct"
+
+
+def test_reads_work_without_os_preadv_as_on_windows(tmp_path, monkeypatch):
+    packed = build_store(tmp_path / "s", {}, _plans(2), lambda i: _fake_layer(i).items(), lambda e: None, "p", "p")
+    monkeypatch.delattr(os, "preadv")
+    monkeypatch.setattr(diskio, "CHUNK", 4096)  # several positioned reads per file
+    for direct in (True, False):
+        reader = FileReader(direct=direct)
+        buf = aligned_empty(packed.layers[1].file_bytes)
+        reader.read(packed.path(1), buf, packed.layers[1].file_bytes)
+        assert torch.equal(tensor_views(buf[HEADER:], packed.layers[1])["a.weight"], _fake_layer(1)["a.weight"])

@@ -6,12 +6,14 @@
 - placement.py  Placement: each decoder layer on the device, in (pinned) RAM or on SSD, under the budgets
 - packed.py     packed per-layer files (one contiguous payload per layer) and their manifest
 - quant.py      NF4 / int8 weights through bitsandbytes, and the QuantLinear that computes with them
-- diskio.py     O_DIRECT reads into aligned (pinned) host buffers
+- hostmem.py    page-aligned host buffers of exact size, pinned with cudaHostRegister, unpinned when freed
+- diskio.py     O_DIRECT reads into those buffers (buffered where a file system refuses O_DIRECT)
 - streams.py    device-generic copy stream and events (CUDA streams; synchronous shims on CPU)
 - streamer.py   LayerStreamer: ring of device slots, copier and SSD read-ahead threads, io counters
 - binding.py    forward hooks binding a layer's parameters to views into its slot
 - checkpoint.py reading the original safetensors a few tensors at a time
 - model.py      load_offloaded / load_offloaded_pair: what offspec.load calls
+- prefill.py    how many prompt tokens one prefill pass of a streamed target may hold
 - bench.py      `offspec bench offload`
 """
 

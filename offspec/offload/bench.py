@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..device import check_device_budget, resolve_device, resolve_dtype, sync_compute, use_device
 from ..errors import OffspecError, run_cli
 from .packed import ssd_files
 from .sizes import format_size
@@ -50,30 +51,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # sync: timings must include queued GPU work
-
-
 # --- raw bandwidths ------------------------------------------------------------------------------
 def raw_bandwidths(device: torch.device, ssd_files: list[Path], max_bytes: int = 4 * 10**9, repeats: int = 3) -> dict:
     """Bytes/s of the links: host -> device (GPU), SSD -> RAM with O_DIRECT (median of `repeats` reads of up to
     `max_bytes` of the streamed files), RAM -> RAM memcpy."""
+    from ..profile.hardware import host_to_device
+
     out: dict[str, Any] = {}
-    if device.type == "cuda":
-        n = 1 << 30
-        src = torch.empty(n, dtype=torch.uint8, pin_memory=True)  # (1 GiB,) pinned host
-        dst = torch.empty(n, dtype=torch.uint8, device=device)
-        best = 0.0
-        for _ in range(5):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src, non_blocking=True)
-            end.record()
-            end.synchronize()  # sync: one timed copy
-            best = max(best, n / (start.elapsed_time(end) / 1000))
-        out["host_to_device"] = best
-        del src, dst
+    if device.type == "cuda":  # best of 5 copies of 1 GiB on `device`; the pinned buffer is unpinned right after
+        out["host_to_device"], out["host_to_device_pageable"] = host_to_device(device, 1 << 30, repeats=5)
     if ssd_files:
         out.update(ssd_read(ssd_files, max_bytes, repeats))
     a = torch.empty(256 * 2**20, dtype=torch.uint8)  # (256 MiB,) memcpy source
@@ -134,10 +120,10 @@ def measure_passes(model, tokens: list[int], context: int, repeat: int, io=None,
             if before_pass is not None:
                 before_pass()
             io0 = runner.io_counters()
-            _sync(device)
+            sync_compute(device)  # sync: the compute stream only; the copy stream reads ahead as between passes
             t0 = time.perf_counter()
             runner.forward(ids, pos, pos, visible)
-            _sync(device)
+            sync_compute(device)
             times.append(time.perf_counter() - t0)
             io1 = runner.io_counters()
             streamed.append(io1[0] - io0[0])
@@ -245,7 +231,6 @@ def _table(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from ..api import resolve_device, resolve_dtype
     from ..cli import TqdmProgress, load_options
     from ..config import LoadConfig, split_options
     from ..cpu_linear import speed_up_cpu_linears
@@ -265,6 +250,8 @@ def run(args: argparse.Namespace) -> dict:
     offload = replace(offload, max_context=args.context + 1, max_budget=max(tokens) - 1)  # the bench's own cache
     device = resolve_device(load_cfg.device)
     dtype = resolve_dtype(load_cfg.dtype, device)
+    use_device(device)
+    check_device_budget(device, offload.device_mem)
     with TqdmProgress() as progress:  # closed before any error or `interrupted` line
         resolved = resolve_model(load_cfg.target, "target", progress=progress)
         model, handle = load_offloaded(resolved, device=device, dtype=dtype, attn_implementation="sdpa",
@@ -287,9 +274,13 @@ def run(args: argparse.Namespace) -> dict:
     rows = measure_passes(model, tokens, args.context, args.repeat, io=io)
     stats = io.stats() if io is not None else {}
     prefix = _layers_prefix(model)
+    if io is not None:
+        io.close()  # the ring, the staging buffers and the RAM-tier copies (pinned on CUDA) go now, not at exit
     del model, io
     handle.streamer = None
     gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # offspec's device memory back to the driver before accelerate loads
 
     accelerate_rows = None
     accelerate_note = None

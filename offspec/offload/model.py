@@ -245,7 +245,8 @@ def _materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, plac
         _load_checkpoint_parts(sk, ck, device, dtype)
     _move_buffers(sk.model, device)
     cuda = device.type == "cuda"
-    staging = aligned_empty(max(s.file_bytes for s in packed.layers), pin=True) if cuda else None
+    # (file_bytes,) host buffer for the resident layers' reads; pageable: nothing stays pinned after loading (issue 12)
+    staging = aligned_empty(max(s.file_bytes for s in packed.layers)) if cuda else None
     sources, bindings = [], []
     n = len(sk.layers)
     for i, (layer, tier) in enumerate(zip(sk.layers, placement.tiers)):
@@ -260,7 +261,7 @@ def _materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, plac
                 payload = _read_payload(reader, packed.path(i), spec, aligned_empty(spec.file_bytes))
             binding.bind(payload)
         elif tier == "ram":
-            buf = aligned_empty(spec.file_bytes, pin=cuda)  # (file_bytes,) host copy, pinned on CUDA
+            buf = aligned_empty(spec.file_bytes, pin=cuda, device=device)  # (file_bytes,) host copy, pinned on CUDA
             sources.append(LayerSource(i, spec, ram=_read_payload(reader, packed.path(i), spec, buf)))
             bindings.append(binding)
         else:

@@ -19,6 +19,8 @@ import torch
 
 from ..errors import OffspecError
 from .config import ASSUMED_BANDWIDTH, FREE_FRACTION, HOST_RESERVE, OffloadConfig
+from .hostmem import page_round
+from .packed import HEADER
 from .sizes import format_size
 
 TIERS = ("device", "ram", "ssd")
@@ -88,8 +90,9 @@ class Placement:
 
     @property
     def host_bytes(self) -> int:
-        """Planned use of the RAM budget."""
-        return self.bytes_in("ram") + (0 if self.device == "cpu" else self.staging_bytes)
+        """Planned use of the RAM budget (a RAM-tier layer holds its whole packed file: `ram_bytes`)."""
+        ram = sum(ram_bytes(b) for t, b in zip(self.tiers, self.sizes.layer_bytes) if t == "ram")
+        return ram + (0 if self.device == "cpu" else self.staging_bytes)
 
     @property
     def predicted_pass_seconds(self) -> float:
@@ -134,6 +137,12 @@ def _suggest(n: float) -> str:
             digits = max(0, 2 - int(math.floor(math.log10(value)))) if value > 0 else 0
             return f"{math.ceil(value * 10**digits) / 10**digits:g}{unit}"
     return f"{int(n)}B"
+
+
+def ram_bytes(payload: int) -> int:
+    """Host bytes a RAM-tier layer really takes (and pins on CUDA): its packed file (header + payload padded
+    to 4 KiB), page-rounded (offspec.offload.hostmem allocates whole pages, never powers of two)."""
+    return page_round(HEADER + -(-payload // HEADER) * HEADER)
 
 
 def spread(n: int, k: int) -> list[int]:
@@ -185,7 +194,7 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
         return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, **base)
 
     ring = config.ring_slots * max(layer)
-    staging = config.staging_buffers * sizes.file_bytes
+    staging = config.staging_buffers * page_round(sizes.file_bytes)
     room = device_budget - resident - ring
     if room < 0:
         need = resident + ring + (staging if host_is_device and ram_budget < sum(layer) else 0)
@@ -196,10 +205,12 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
             f"or more, or lower --max-context / --max-budget")
     everything = list(range(n))
 
+    host = [ram_bytes(b) for b in layer]  # what each layer would really take in RAM
+
     def place(dev_room: int, ram_room: int) -> tuple[list[int], list[int]]:
         on_device = _fit(layer, everything, dev_room)
         rest = [i for i in everything if i not in on_device]
-        return on_device, _fit(layer, rest, ram_room)
+        return on_device, _fit(host, rest, ram_room)
 
     on_device, in_ram = place(room, ram_budget)
     if len(on_device) + len(in_ram) < n:  # some layers go to SSD: staging buffers are needed
@@ -227,7 +238,7 @@ def forced(sizes: ModelSizes, device: torch.device, tiers: tuple[str, ...], conf
     """A placement with the given tiers (tests and benchmarks); budgets are reported as planned use."""
     p = Placement(device=device.type, tiers=tiers, sizes=sizes, device_budget=0, ram_budget=0,
                   ring_bytes=config.ring_slots * max(sizes.layer_bytes) if any(t != "device" for t in tiers) else 0,
-                  staging_bytes=config.staging_buffers * sizes.file_bytes if "ssd" in tiers else 0,
+                  staging_bytes=config.staging_buffers * page_round(sizes.file_bytes) if "ssd" in tiers else 0,
                   quant=config.quant, budget_source="forced",
                   bandwidth=dict(ASSUMED_BANDWIDTH.get(device.type, ASSUMED_BANDWIDTH["cpu"])))
     return replace(p, device_budget=p.device_bytes, ram_budget=p.host_bytes)

@@ -15,6 +15,11 @@ Job j uses slot j % N (N >= 2 ring slots). Three actors, each in order:
 
 Host-side waits happen only in the background threads and in `acquire` when the weights are not there yet
 (that time is the pass's io wait). On CPU the same classes run with `streams.Streams` doing plain copies.
+
+Buffers are never reused or freed under a copy in flight: a slot's first fill waits for the compute queued
+before the ring was allocated (the allocator may hand out memory that queued kernels still read), a staging
+buffer is refilled only after the copy that read it, and `close()` drains the copy stream before it lets the
+slots, staging buffers and RAM copies go (pinned host memory is unpinned as soon as they are gone).
 """
 
 from __future__ import annotations
@@ -48,21 +53,25 @@ class _Pipeline:
     """State shared by the streamer and its two threads (kept apart so the streamer can be garbage collected)."""
 
     def __init__(self, device: torch.device, order: list[LayerSource], ring_slots: int, staging_buffers: int,
-                 reader: FileReader, set_id: str, verify: str, on_corrupt: Callable[[], str]):
+                 reader: FileReader, set_id: str, verify: str, on_corrupt: Callable[[], str],
+                 streams: Optional[Streams] = None):
         self.device, self.order, self.k = device, order, len(order)
-        self.streams = Streams(device)
+        self.streams = streams or Streams(device)
         self.reader, self.set_id, self.verify, self.on_corrupt = reader, set_id, verify, on_corrupt
         self.n = ring_slots
-        slot_bytes = max(s.spec.nbytes for s in order)
+        self.slot_bytes = max(s.spec.nbytes for s in order)
         with torch.no_grad():
             # ring: n x (slot_bytes,) uint8 on the device; a layer's tensors are views into one slot
-            self.slots = [torch.empty(slot_bytes, dtype=torch.uint8, device=device) for _ in range(self.n)]
+            self.slots = [self.streams.empty(self.slot_bytes) for _ in range(self.n)]
+            # the slots' first fills wait for this: compute queued before the allocation may still use that memory
+            self.allocated = self.streams.compute_done()
             ssd = [s for s in order if s.path is not None]
             file_bytes = max((s.spec.file_bytes for s in ssd), default=0)
-            pin = device.type == "cuda"
-            # staging: m x (file_bytes,) uint8 host buffers, 4 KiB-aligned (O_DIRECT), pinned on CUDA
-            self.staging = [aligned_empty(file_bytes, pin=pin) for _ in range(staging_buffers)] if ssd else []
+            # staging: m x (file_bytes,) uint8 host buffers, page-aligned (O_DIRECT), pinned (exact pages) on CUDA
+            self.staging = [aligned_empty(file_bytes, pin=self.streams.pinned_staging, device=device)
+                            for _ in range(staging_buffers)] if ssd else []
         self.m = len(self.staging)
+        self.closed = False
         self.cv = threading.Condition()
         self.verified: set[int] = set()  # layers whose checksum passed in this process
         # cumulative statistics
@@ -84,7 +93,7 @@ class _Pipeline:
         self.ready: dict[int, int] = {}  # job -> staging buffer holding its file
         self.staging_owner: list[Optional[int]] = [None] * self.m
         self.staging_free: list[Event] = [DONE] * self.m  # copy that last read each staging buffer
-        self.compute_events: list[Event] = [DONE] * self.n
+        self.compute_events: list[Event] = [self.allocated] * self.n  # a slot's previous user: none yet
         self.copy_events: list[Event] = [DONE] * self.n
         self.error: Optional[BaseException] = None
         self.stop = False
@@ -96,7 +105,7 @@ class _Pipeline:
         for t in self.threads:
             t.start()
 
-    def close(self) -> None:
+    def stop_threads(self) -> None:
         with self.cv:
             self.stop = True
             self.cv.notify_all()
@@ -105,9 +114,18 @@ class _Pipeline:
                 t.join()
         self.threads = []
 
+    def close(self) -> None:
+        """Stop the threads, wait for the copies they queued, then let every buffer go (idempotent)."""
+        if self.closed:
+            return
+        self.stop_threads()
+        self.streams.drain_copies()  # no copy may still read a staging buffer or write a slot once they are freed
+        self.closed = True
+        self.slots, self.staging, self.order, self.ready = [], [], [], {}  # device slots, pinned host memory
+
     def restart(self, position: int) -> None:
         """Start the cycle again at `position` (after an interrupted pass). Rare: waits for all queued work."""
-        self.close()
+        self.stop_threads()
         self.streams.drain()
         self._reset(position)
         self.start()
@@ -123,6 +141,7 @@ class _Pipeline:
 
     def _reader(self) -> None:
         try:
+            self.streams.bind_thread()
             with torch.inference_mode():
                 job, b = 0, 0
                 while True:
@@ -162,6 +181,7 @@ class _Pipeline:
 
     def _copier(self) -> None:
         try:
+            self.streams.bind_thread()
             with torch.inference_mode():
                 job = 0
                 while True:
@@ -199,12 +219,14 @@ class LayerStreamer:
 
     def __init__(self, device: torch.device, order: list[LayerSource], *, ring_slots: int = 2,
                  staging_buffers: int = 2, reader: Optional[FileReader] = None, set_id: str = "",
-                 verify: str = "first", on_corrupt: Callable[[], str] = lambda: "delete it and start again"):
+                 verify: str = "first", on_corrupt: Callable[[], str] = lambda: "delete it and start again",
+                 streams: Optional[Streams] = None):
         if not order:
             raise ValueError("nothing to stream")
         self.device = torch.device(device)
         self.reader = reader or FileReader()
-        self._p = _Pipeline(self.device, order, ring_slots, staging_buffers, self.reader, set_id, verify, on_corrupt)
+        self._p = _Pipeline(self.device, order, ring_slots, staging_buffers, self.reader, set_id, verify, on_corrupt,
+                            streams)
         self._position = {s.index: i for i, s in enumerate(order)}
         self._finalizer = weakref.finalize(self, self._p.close)  # stop the threads when the streamer goes
 
@@ -214,11 +236,17 @@ class LayerStreamer:
 
     @property
     def slot_bytes(self) -> int:
-        return self._p.slots[0].numel()
+        return self._p.slot_bytes
+
+    @property
+    def closed(self) -> bool:
+        return self._p.closed
 
     def acquire(self, layer: int) -> torch.Tensor:
         """The (nbytes,) uint8 device payload of `layer`, ready for the compute stream. Called before its forward."""
         p = self._p
+        if p.closed:
+            raise OffspecError("the layer streamer was closed; load the model again")
         job = p.released
         if p.holding or p.source(job).index != layer:  # a pass was interrupted, or layers run out of order
             p.restart(self._position[layer])
@@ -253,6 +281,16 @@ class LayerStreamer:
             p.holding = False
             p.cv.notify_all()
 
+    def settle(self) -> int:
+        """Wait until the ring holds the next jobs and their copies are done, so that a timing window starts with
+        nothing in flight (benchmarks, `offspec doctor`). Returns how many jobs are ready ahead (the ring size)."""
+        p = self._p
+        with p.cv:
+            while p.error is None and not p.stop and p.issued < p.released + p.n:
+                p.cv.wait()  # host waits for the copier to fill the ring
+        p.streams.drain_copies()  # sync: the copy stream, outside any timed window
+        return p.issued - p.released
+
     def counters(self) -> tuple[int, float]:
         """(weight bytes streamed, seconds waited for weights), cumulative. Waits include GPU-side stalls
         whose timing events have completed (they are resolved lazily, without a sync)."""
@@ -267,4 +305,6 @@ class LayerStreamer:
                 "ring_slots": p.n, "staging_buffers": p.m, "slot_bytes": self.slot_bytes}
 
     def close(self) -> None:
+        """Stop streaming and release the ring slots, the (pinned) staging buffers and the RAM-tier copies, once
+        the copies in flight are done. The layers cannot run afterwards."""
         self._finalizer()

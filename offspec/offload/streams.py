@@ -1,7 +1,10 @@
 """Device-generic copy streams and events, so the streamer runs the same code on CUDA and on CPU.
 
 On CUDA: a separate copy stream (`torch.cuda.Stream`), events ordering copies after the compute that last
-used a slot and compute after the copy that fills it; nothing here synchronizes the whole device.
+used a slot and compute after the copy that fills it; nothing here synchronizes the whole device. Events a
+host thread may wait on are *blocking* (cudaEventBlockingSync): the waiting thread sleeps instead of spinning
+a CPU core. Every call names the device, and the streamer's threads make it current (`bind_thread`), so
+`--device cuda:1` never touches GPU 0.
 On CPU: there is no asynchronous engine; a copy runs in the calling thread (the streamer's copier thread,
 so it still overlaps compute), and an event is complete as soon as it is recorded.
 """
@@ -22,7 +25,7 @@ class Event:
         self.cuda = cuda
 
     def synchronize(self) -> None:
-        """Host waits until this event's work is done (this event only, not the device)."""
+        """Host waits until this event's work is done (this event only, not the device); sleeps, never spins."""
         if self.cuda is not None:
             self.cuda.synchronize()  # sync: host waits for one event (the copier/reader threads only)
 
@@ -34,14 +37,24 @@ DONE = Event()  # a completed event: "nothing to wait for"
 
 
 class Streams:
-    """The compute stream (the current one) and a dedicated copy stream on `device`."""
+    """The compute stream (the device's current one) and a dedicated copy stream on `device`."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
+        self.pinned_staging = self.cuda  # host staging buffers are page-locked (DMA-able) on CUDA
         self.copy_stream = torch.cuda.Stream(device=device) if self.cuda else None
         self._stalls: list[tuple] = []  # CUDA: (before, after) timing events around compute-side waits
         self.stall_seconds = 0.0  # resolved GPU-side waits
+
+    def bind_thread(self) -> None:
+        """Make the device current in the calling (background) thread: CUDA's current device is per thread."""
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+
+    def empty(self, nbytes: int) -> torch.Tensor:
+        """A (nbytes,) uint8 buffer on the device, allocated on the compute stream (a ring slot)."""
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     # --- the copy side (called from the copier thread) ------------------------------------------
     def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Event) -> Event:
@@ -53,7 +66,7 @@ class Streams:
             if after.cuda is not None:
                 self.copy_stream.wait_event(after.cuda)  # GPU-side wait, no host sync
             dst.copy_(src, non_blocking=True)  # pinned host -> device DMA (or device -> device)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # the reader thread may wait on it: sleep, do not spin
             event.record(self.copy_stream)
         return Event(event)
 
@@ -70,10 +83,11 @@ class Streams:
         self._stalls.append((before, after))  # resolved later by `resolve_stalls`, never synchronized here
 
     def compute_done(self) -> Event:
-        """An event after the compute queued so far (the layer that used a slot)."""
+        """An event after the compute queued so far on the compute stream (e.g. the layer that used a slot,
+        or the allocation of the slots: a slot's first fill must not overtake work queued before it)."""
         if not self.cuda:
             return DONE  # CPU compute is synchronous: the layer has finished
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)
         event.record(torch.cuda.current_stream(self.device))
         return Event(event)
 
@@ -87,6 +101,11 @@ class Streams:
                 pending.append((before, after))
         self._stalls = pending
         return self.stall_seconds
+
+    def drain_copies(self) -> None:
+        """Wait for every queued copy (before the buffers they read or write are reused or freed)."""
+        if self.cuda:
+            self.copy_stream.synchronize()  # sync: teardown and error recovery only
 
     def drain(self) -> None:
         """Wait for every queued copy and compute (only when the streamer restarts after an error)."""

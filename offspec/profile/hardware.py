@@ -17,6 +17,8 @@ from typing import Callable, Optional
 import torch
 
 from ..errors import OffspecError
+from ..device import sync_compute
+from ..offload.diskio import read_at
 from ..paths import cache_dir
 from ..tempfiles import remove_stale_temps
 from ..writable import check_writable_dir
@@ -62,19 +64,14 @@ def identity(device: torch.device) -> dict:
     return facts
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # sync: timings must include queued GPU work
-
-
 def _best_time(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
     fn()  # warm-up
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        sync_compute(device)  # sync: timings must include the queued work (on the compute stream)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync_compute(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -94,10 +91,14 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 1024, rep
 
 
 def host_to_device(device: torch.device, nbytes: int, repeats: int = 3) -> tuple[float, float]:
-    """(pinned, pageable) host->device copy bandwidth in bytes/s (CUDA only)."""
+    """(pinned, pageable) host->device copy bandwidth in bytes/s (CUDA only). The pinned buffer is exactly
+    `nbytes` page-locked (offspec.offload.hostmem, as the streamer's buffers) and unpinned on return."""
+    from ..offload.hostmem import host_buffer
+
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)  # (nbytes,)
-    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    pageable = torch.empty(nbytes, dtype=torch.uint8)
+    pinned = host_buffer(nbytes, pin=True, device=device).fill_(1)  # (nbytes,) page-locked
+    pageable = torch.ones(nbytes, dtype=torch.uint8)  # (nbytes,) ordinary memory, pages touched
+    # wall clock around the copy and a sync of the stream it runs on (dst's device's current stream)
     t_pinned = _best_time(lambda: dst.copy_(pinned, non_blocking=True), device, repeats)
     t_pageable = _best_time(lambda: dst.copy_(pageable), device, repeats)
     return nbytes / t_pinned, nbytes / t_pageable
@@ -136,7 +137,7 @@ def disk_read_bandwidth(directory: Path, nbytes: int, progress: ProgressFn = no_
             done = 0
             while done < nbytes:
                 try:
-                    n = os.preadv(fd, [buf], done)
+                    n = read_at(fd, memoryview(buf), done)
                 except OSError:  # O_DIRECT refused by this file system: buffered, cache already dropped
                     if how != "direct":
                         raise

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..device import sync_compute
 from ..progress import ProgressEvent, ProgressFn, no_progress
 from ..runner import ModelRunner
 from ..sampling import draft_logprobs
@@ -35,16 +36,13 @@ class SweepConfig:
     probe: bool = True  # stopped early by time while still flat (e.g. streamed weights): probe bigger sizes, x8 apart
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # sync: timings must include queued GPU work
-
-
 def timed(fn: Callable[[], object], device: torch.device) -> float:
-    _sync(device)
+    # sync: the compute stream only (queued compute is part of the time; the streamer's copy stream keeps
+    # loading the next pass's layers, as it does between passes in real use)
+    sync_compute(device)
     t0 = time.perf_counter()
     fn()
-    _sync(device)
+    sync_compute(device)
     return time.perf_counter() - t0
 
 
