@@ -67,6 +67,9 @@ def check_options(target: Optional[str] = None, draft: Optional[str] = None, **o
     if tree_cfg.budget > load_cfg.max_budget:
         raise budget_room_error(tree_cfg.budget, load_cfg.max_budget)
     offload = OffloadConfig.from_load_config(load_cfg)  # bad sizes or an unwritable --offload-dir fail here
+    # limits left at their defaults may be lowered by the loader where the resident parts would not fit the budget
+    offload = replace(offload, fit_limits=tuple(n for n in ("max_budget", "max_context") if n not in options),
+                      min_budget=tree_cfg.budget)
     if tree_cfg.drafter in ("model", "hybrid") and load_cfg.draft == NO_DRAFT:
         raise OffspecError(f"drafter {tree_cfg.drafter} needs a draft model; drop --draft none or use --drafter suffix")
     device = resolve_device(load_cfg.device)
@@ -108,6 +111,13 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
         raise out_of_memory_error(exc, device, "loading the models", offload.device_mem) from None
     if governor is not None:
         governor.update(force=True)  # before the warm-up and the budget plan, which time passes
+
+    fitted = t.offload.config if t.offload is not None else None
+    if fitted is not None and (fitted.max_context, fitted.max_budget) != (load_cfg.max_context, load_cfg.max_budget):
+        progress(ProgressEvent("placement", f"max_context {fitted.max_context}, max_budget {fitted.max_budget}: "
+                               f"lowered from {load_cfg.max_context} / {load_cfg.max_budget} to fit the device budget "
+                               f"(give --max-context / --max-budget to choose)", 1, 1, finished=True))
+        load_cfg = replace(load_cfg, max_context=fitted.max_context, max_budget=fitted.max_budget)
 
     if device.type == "cpu":
         for model in (t.model, d.model) if d is not None else (t.model,):

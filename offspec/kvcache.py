@@ -16,6 +16,17 @@ import torch
 from transformers.cache_utils import Cache
 
 
+def _zeros_like(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Zeros of `like`'s dtype and device. On a CPU they come from calloc (numpy), whose large blocks are fresh
+    pages the kernel zeroes on first touch: a cache sized for the whole context costs memory (RSS) only as the
+    conversation fills it, where torch's zeros would write every byte up front."""
+    if like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64, torch.float16):
+        import numpy as np
+
+        return torch.from_numpy(np.zeros(shape, dtype=str(like.dtype).removeprefix("torch.")))
+    return like.new_zeros(shape)
+
+
 class SlotKVCache(Cache):
     def __init__(self, num_layers: int, capacity: int):
         super().__init__(layers=[])  # we own the storage below instead of HF cache layers
@@ -58,8 +69,8 @@ class SlotKVCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if self.keys[layer_idx] is None:
             b, h, _, d = key_states.shape
-            self.keys[layer_idx] = key_states.new_zeros((b, h, self.capacity, d))
-            self.values[layer_idx] = value_states.new_zeros((b, h, self.capacity, value_states.shape[-1]))
+            self.keys[layer_idx] = _zeros_like(key_states, (b, h, self.capacity, d))
+            self.values[layer_idx] = _zeros_like(value_states, (b, h, self.capacity, value_states.shape[-1]))
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
         k_buf.index_copy_(2, self.write_slots, key_states)
         v_buf.index_copy_(2, self.write_slots, value_states)

@@ -89,8 +89,11 @@ def test_every_setup_runs_and_greedy_runs_match(tiny_pair, tmp_path):
     assert set(report["setups"]) == {"ar", "hf-assisted", "chain4", "tree8", "tree64", "auto"}
     for name, s in report["setups"].items():
         assert s["prompts"] == 2 and s["tokens"] > 0 and s["passes"] > 0
-        if name != "ar":
+        if name not in ("ar", "hf-assisted"):
             assert s["greedy_mismatches"] == 0, name
+    # transformers' assisted generation attends with SDPA, not offspec's exact kernel: compared, reported apart
+    assert "greedy_mismatches" not in report["setups"]["hf-assisted"]
+    assert 0 <= report["setups"]["hf-assisted"]["outputs_unlike_ar"] <= 2
     assert report["setups"]["ar"]["tokens_per_pass"] == 1.0
     assert report["setups"]["tree64"]["budgets"] == [64]
     assert report["setups"]["tree64"]["tokens_per_pass"] > 1.0

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ..errors import OffspecError
+from ..offload.packed import StoreInvalid
 from ..offload.sizes import format_size
 from .checks import FAIL, PASS, Check, needs_cuda
 
@@ -19,15 +20,20 @@ SEVENTY_B_LAYER = 2 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 
 def layer_size(target: Optional[str], dtype: torch.dtype, progress) -> tuple[int, str]:
     """(bytes, what) of the largest decoder layer of `target` (None: the built-in target) in `dtype`, as the
     streamer moves it; a 70B-shaped layer where the model cannot be resolved without work the user did not ask for."""
-    from ..offload.model import build_skeleton
+    from ..convert import store_key
+    from ..offload.packed import open_store
+    from ..offload.skeleton import from_checkpoint
     from ..sources import resolve_model
 
     try:
-        resolved = resolve_model(target, "target", dtype=dtype, progress=progress)
-        plans = build_skeleton(resolved.path, dtype, "sdpa", "none").plans
-    except OffspecError as exc:
+        resolved = resolve_model(target, "target", progress=progress)
+        if resolved.store is not None:  # a converted GGUF: its layers stream as the stored blocks
+            plans = open_store(resolved.store, store_key(resolved.path.name)).layers
+        else:
+            plans = from_checkpoint(resolved.path, dtype, "sdpa", "none", torch.device("cpu")).plans
+    except (OffspecError, StoreInvalid) as exc:
         if target is not None:
-            raise
+            raise OffspecError(f"cannot read the layers of {target}: {exc}") from None
         elem = torch.empty((), dtype=dtype).element_size()
         return SEVENTY_B_LAYER * elem // 2, f"a 70B-shaped layer (the default target is not set up: {exc})"
     return max(p.nbytes for p in plans), f"the layers of {resolved.name}"

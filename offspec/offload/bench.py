@@ -135,18 +135,19 @@ def measure_passes(model, tokens: list[int], context: int, repeat: int, io=None,
 
 
 # --- accelerate ------------------------------------------------------------------------------------
-def accelerate_model(path: Path, tiers: tuple[str, ...], device: torch.device, dtype: torch.dtype,
+def accelerate_model(resolved: Any, tiers: tuple[str, ...], device: torch.device, dtype: torch.dtype,
                      offload_folder: Path, prefix: str):
-    """The model through accelerate's offloading with the same layers on the device / in RAM / on disk."""
+    """The model through accelerate's offloading with the same layers on the device / in RAM / on disk. A
+    converted GGUF is loaded from the GGUF itself: transformers dequantizes it (accelerate has no ggml kernels)."""
     from transformers import AutoModelForCausalLM
 
     from ..convert import quiet_transformers
+    from .skeleton import _empty_model
 
-    from .model import build_skeleton
-
+    path = Path(resolved.path)
     on_device = (device.index or 0) if device.type == "cuda" else "cpu"
     where = {"device": on_device, "ram": "cpu", "ssd": "disk"}
-    skeleton = build_skeleton(path, dtype, "sdpa", "none").model
+    skeleton = _empty_model(path, dtype, "sdpa")
     device_map: dict[str, Any] = {}  # every module that holds tensors outside the layers stays on the device
     for name, module in skeleton.named_modules():
         if name and not name.startswith(prefix) and (module._parameters or module._buffers) and \
@@ -156,7 +157,10 @@ def accelerate_model(path: Path, tiers: tuple[str, ...], device: torch.device, d
     for i, tier in enumerate(tiers):
         device_map[f"{prefix}{i}"] = where[tier]
     with quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, device_map=device_map,
+        source = {"pretrained_model_name_or_path": str(path)}
+        if getattr(resolved, "gguf", None) is not None:
+            source = {"pretrained_model_name_or_path": str(resolved.gguf.parent), "gguf_file": resolved.gguf.name}
+        model = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype, device_map=device_map,
                                                      offload_folder=str(offload_folder))
     model.eval()
     if device.type == "cpu" and dtype == torch.float32:  # the same few-row CPU matmul offspec uses
@@ -287,7 +291,7 @@ def run(args: argparse.Namespace) -> dict:
     if not args.no_accelerate:
         with tempfile.TemporaryDirectory(prefix="offspec-accelerate-") as folder:
             print("accelerate: loading with the same placement", file=sys.stderr)
-            acc = accelerate_model(resolved.path, placement.tiers, device, dtype, Path(folder), prefix)
+            acc = accelerate_model(resolved, placement.tiers, device, dtype, Path(folder), prefix)
             files = sorted(Path(folder).rglob("*")) + sorted(resolved.path.glob("*.safetensors"))
             files = [f for f in files if f.is_file()]
             accelerate_rows = measure_passes(acc, tokens, args.context, args.repeat,

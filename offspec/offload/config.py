@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -10,6 +10,7 @@ from ..errors import OffspecError
 from ..config import QUANTS
 from ..paths import cache_dir
 from ..writable import check_writable_dir
+from .estimates import PREFILL_TOKENS
 from .sizes import parse_optional_size
 
 RING_SLOTS = 2  # device slots the streamed layers rotate through (>= 2: one computes while the next loads)
@@ -24,6 +25,11 @@ ASSUMED_BANDWIDTH = {  # bytes/s
     "cuda": {"link": 20e9, "disk": 2e9, "memory": 1.5e12},  # PCIe 4 x16 pinned copies, NVMe, HBM
     "cpu": {"link": 8e9, "disk": 1e9, "memory": 12e9},  # memcpy into slots, SSD, DRAM
 }
+
+
+MIN_FIT_BUDGET = 64  # the smallest max_budget / max_context the loader lowers defaults to (fit_limits)
+MIN_FIT_CONTEXT = 1024
+MIN_FIT_PREFILL = 128  # prefill passes of a streamed target: at least this many tokens each
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,22 @@ class OffloadConfig:
     direct_io: bool = True  # SSD reads with O_DIRECT (no page cache); falls back to buffered + DONTNEED
     verify: str = "first"  # checksum of each packed file: on its "first" read in a process, "always" or "never"
     pack_always: bool = False  # use the packed store even when every layer fits (tests, benchmarks)
+    # limits the user left at their defaults ("max_budget", "max_context"): where the resident parts would not fit
+    # the device budget, the loader lowers them (budget first, to MIN_FIT_BUDGET / MIN_FIT_CONTEXT) and says so
+    fit_limits: tuple[str, ...] = ()
+    min_budget: int = 64  # never below the tree budget asked for
+    prefill_tokens: int = PREFILL_TOKENS  # the smallest prefill pass the activation reserve must hold
+
+    def smaller_limits(self) -> Optional["OffloadConfig"]:
+        """The next smaller max_budget / max_context this config may fall back to, or None."""
+        floor = max(MIN_FIT_BUDGET, self.min_budget)
+        if "max_budget" in self.fit_limits and self.max_budget > floor:
+            return replace(self, max_budget=max(floor, self.max_budget // 2))
+        if "max_context" in self.fit_limits and self.max_context > MIN_FIT_CONTEXT:
+            return replace(self, max_context=max(MIN_FIT_CONTEXT, self.max_context // 2))
+        if self.fit_limits and self.prefill_tokens > MIN_FIT_PREFILL:  # longer prompts then take more passes
+            return replace(self, prefill_tokens=max(MIN_FIT_PREFILL, self.prefill_tokens // 2))
+        return None
 
     @classmethod
     def from_options(cls, device_mem: Any = None, ram_mem: Any = None, quant: str = "none",

@@ -42,13 +42,14 @@ def activation_bytes(config: Any, tokens: int, kv_len: int, elem: int) -> int:
 PREFILL_TOKENS = 512  # a prefill pass of at least this many tokens fits in the activation reserve (issue 12)
 
 
-def target_headroom(config: Any, max_context: int, max_budget: int, elem: int) -> tuple[int, int]:
+def target_headroom(config: Any, max_context: int, max_budget: int, elem: int,
+                    prefill_tokens: int = PREFILL_TOKENS) -> tuple[int, int]:
     """(KV cache, activations) of the target: the cache holds the context plus the largest tree; the activations
-    are those of the largest tree or of a PREFILL_TOKENS-token prefill pass at the end of the context, whichever
+    are those of the largest tree or of a `prefill_tokens`-token prefill pass at the end of the context, whichever
     is larger (a streamed target prefills in the largest chunks this reserve allows: offload/prefill.py)."""
     ctx = context_limit(config, max_context)
     tree = max_budget + 1
-    prefill = min(PREFILL_TOKENS, ctx)
+    prefill = min(prefill_tokens, ctx)
     act = max(activation_bytes(config, tree, ctx + tree, elem), activation_bytes(config, prefill, ctx, elem))
     return kv_cache_bytes(config, ctx + tree, elem), act
 

@@ -50,6 +50,7 @@ class OffloadHandle:
     streamer: Optional[LayerStreamer] = None
     packed_dir: Optional[Path] = None
     weights: Optional[dict] = None  # {ggml type name: bytes} of the low-bit weights, None for float models
+    config: Optional[OffloadConfig] = None  # the config placed under (its limits lowered to fit: fit_limits)
 
     def summary(self) -> dict:
         out = self.placement.summary()
@@ -78,7 +79,7 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
             if not key.startswith(sk.prefix) and id(tensor) not in seen:  # tied weights count once
                 seen.add(id(tensor))
                 other += tensor.numel() * tensor.element_size()
-    kv, act = target_headroom(sk.model.config, config.max_context, config.max_budget, elem)
+    kv, act = target_headroom(sk.model.config, config.max_context, config.max_budget, elem, config.prefill_tokens)
     return ModelSizes(layer_bytes=tuple(p.nbytes for p in sk.plans), file_bytes=max(p.file_bytes for p in sk.plans),
                       other_bytes=other, kv_bytes=kv, activation_bytes=act, extra_bytes=extra_bytes,
                       workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]))
@@ -314,29 +315,49 @@ def _damaged(resolved: Any, reason: str):
                        f"they are rebuilt from the GGUF on the next load")
 
 
+def _plan_fitting(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_bytes: Union[int, Callable],
+                  device: torch.device, already_allocated: int) -> tuple[Placement, OffloadConfig]:
+    """Plan under `config`; where the resident parts do not fit, lower the limits the user left at their defaults
+    (config.fit_limits) step by step until they do. Returns the placement and the config it was made for."""
+    while True:
+        extra = extra_bytes(config) if callable(extra_bytes) else extra_bytes
+        try:
+            return plan_placement(model_sizes(sk, dtype, config, extra, device), device, config,
+                                  already_allocated), config
+        except OffspecError:
+            smaller = config.smaller_limits()
+            if smaller is None:
+                raise
+            config = smaller
+
+
 def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, attn_implementation: str,
-                   config: OffloadConfig, progress: ProgressFn = no_progress, extra_bytes: int = 0,
+                   config: OffloadConfig, progress: ProgressFn = no_progress,
+                   extra_bytes: Union[int, Callable[[OffloadConfig], int]] = 0,
                    already_allocated: int = 0, tiers: Optional[Union[str, tuple[str, ...]]] = None,
                    report: bool = True) -> tuple[Optional[Any], OffloadHandle]:
     """Place and (when needed) build `resolved`'s model under `config`'s budgets.
 
     Returns (model, handle); model is None for a float checkpoint when every layer fits and nothing is quantized
     (load it the usual way). `tiers` forces a placement (a tier per layer, or one tier for all: tests,
-    benchmarks, a resident draft); `extra_bytes` are other resident bytes (the draft).
+    benchmarks, a resident draft); `extra_bytes` are other resident bytes (the draft), or a function of the
+    config (its max_context / max_budget) when limits may be lowered to fit (config.fit_limits).
     """
     device = torch.device(device)
     sk, ck, packed = _open_source(resolved, dtype, attn_implementation, config, device)
-    sizes = model_sizes(sk, dtype, config, extra_bytes, device)
     if isinstance(tiers, str):
         tiers = (tiers,) * len(sk.layers)
-    placement = forced(sizes, device, tiers, config) if tiers is not None else \
-        plan_placement(sizes, device, config, already_allocated)
+    if tiers is not None:
+        extra = extra_bytes(config) if callable(extra_bytes) else extra_bytes
+        placement = forced(model_sizes(sk, dtype, config, extra, device), device, tiers, config)
+    else:
+        placement, config = _plan_fitting(sk, dtype, config, extra_bytes, device, already_allocated)
     if sk.quant == "ggml":
         placement = replace(placement, quant="ggml")
     if report:
         progress(ProgressEvent("placement", placement.describe(), 1, 1, finished=True))
     if packed is None and not placement.streams and config.quant == "none" and not config.pack_always:
-        return None, OffloadHandle(placement)
+        return None, OffloadHandle(placement, config=config)
     if packed is None:
         packed = ensure_packed(sk, ck, dtype, config, device, progress)
     try:
@@ -352,7 +373,7 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
             raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc2}); "
                                f"check the disk, or use another --offload-dir") from None
     trim_heap()  # packing and loading freed many temporaries
-    return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model))
+    return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model), config)
 
 
 def trim_heap() -> None:
@@ -396,7 +417,10 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
         draft = LoadedModel(name=draft_res.name, path=draft_res.path, model=model, tokenizer=draft_tok)
     elem = torch.empty((), dtype=dtype).element_size()
     draft_bytes = resident_bytes(draft.model)
-    extra = draft_bytes + draft_headroom(draft.model.config, config.max_context, config.max_budget, elem)
+
+    def extra(cfg: OffloadConfig) -> int:  # the draft's weights, KV cache and activations under cfg's limits
+        return draft_bytes + draft_headroom(draft.model.config, cfg.max_context, cfg.max_budget, elem)
+
     model, handle = load_offloaded(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                    config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes)
     if model is None:

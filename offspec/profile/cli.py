@@ -112,8 +112,9 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", required=True, metavar="FILE",
                    help="a hardware profile: a file, or a reference name such as rtx4090 (see profiles/)")
     p.add_argument("--target-params", required=True, metavar="N", help="target size, e.g. 70B")
-    p.add_argument("--quant", choices=["none", "nf4", "int8"], default="none",
-                   help="the target's weights (default none: 16-bit)")
+    p.add_argument("--quant", choices=["none", "int8", "int4", "q4_k_m", "nf4"], default="none",
+                   help="the target's weights as streamed: none (16-bit, the default), int8 (ggml Q8_0), int4 "
+                        "(ggml Q4_1), q4_k_m (a Q4_K_M GGUF), nf4 (bitsandbytes)")
     p.add_argument("--draft-params", default="1B", metavar="N", help="draft size (default 1B), resident in 16-bit")
     p.add_argument("--acceptance", metavar="FILE", help="a measured profile or acceptance file (default: the "
                    "acceptance prior shipped with offspec, measured with the default pair)")

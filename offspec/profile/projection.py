@@ -19,7 +19,9 @@ from ..errors import OffspecError
 from .curves import AcceptanceCurve, CostCurve
 from .planner import PairCosts, Plan, PlannerConfig, plan
 
-BYTES_PER_PARAM = {"none": 2.0, "int8": 1.0 + 4 / 4096, "nf4": 0.5 + 4 / 64}  # bf16; int8 + row scales; nf4 + absmax
+# bytes per weight as stored and streamed: bf16; ggml Q8_0 (8.5 bits) and Q4_1 (5 bits: --quant int8 / int4);
+# a Q4_K_M GGUF (about 4.85 bits over a model's linears); bitsandbytes NF4 with its fp32 absmax per 64
+BYTES_PER_PARAM = {"none": 2.0, "int8": 34 / 32, "int4": 20 / 32, "q4_k_m": 4.85 / 8, "nf4": 0.5 + 4 / 64}
 CPU_DENSE_BYTES = 4.0  # offspec computes in float32 on a CPU
 # (params, layers, hidden) of common dense decoder sizes; others are interpolated in log(params)
 SHAPES = ((0.5e9, 24, 896), (1.5e9, 28, 1536), (3e9, 28, 2048), (7e9, 32, 4096), (13e9, 40, 5120),
@@ -108,7 +110,7 @@ def project(hw: dict, target_params: float, quant: str, draft_params: float, acc
             acceptance_source: str, source: str = "hardware profile", ram_bytes: Optional[float] = None,
             assume: Assumptions = Assumptions()) -> Projection:
     if quant not in BYTES_PER_PARAM:
-        raise OffspecError(f"unknown quant {quant!r}; use none, nf4 or int8")
+        raise OffspecError(f"unknown quant {quant!r}; use {', '.join(BYTES_PER_PARAM)}")
     gpu = hw["device_type"] == "cuda"
     flops = _need(hw, "device_flops", source) * assume.compute_efficiency
     mem_bw = _need(hw, "device_memory_bandwidth", source) * assume.memory_efficiency
