@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .config import SamplingConfig, TreeConfig
+from .config import TreeConfig
 from .device import sync_compute
 from .drafter import Drafter
 from .errors import OffspecError

@@ -6,14 +6,13 @@ unknown architecture, too little memory, mismatched tokenizers) becomes one Offs
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 
-from .convert import MANIFEST, failure_reason, quiet_transformers, verify_entry
+from .convert import failure_reason, quiet_transformers, verify_entry
+from .loaded import LoadedModel
+from .offload.checkpoint import validate_weights
 from .errors import OffspecError
 from .progress import ProgressEvent, ProgressFn, no_progress
 from .sources import ResolvedModel, convert_located, locate_model
@@ -24,60 +23,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-@dataclass
-class LoadedModel:
-    """A model ready to run: eval mode, on its device, no gradients."""
-
-    name: str
-    path: Path
-    model: Any  # transformers.PreTrainedModel
-    tokenizer: Any  # transformers tokenizer
-    offload: Any = None  # offloading (offspec.offload.OffloadHandle): placement and layer streamer of a target
-
-
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _redo_hint(directory: Path) -> str:
-    if (directory / MANIFEST).is_file():  # our own converted cache entry
-        return f"delete {directory} and start again to rebuild it"
-    return "delete it and download or convert the model again"
-
-
-def validate_weights(directory: Path) -> list[Path]:
-    """Check that the weight files of `directory` are present and their safetensors headers readable.
-
-    Returns the safetensors files. Cheap: only headers are parsed (safetensors also checks that the
-    file is long enough for every tensor the header declares, so truncation is caught).
-    """
-    directory = Path(directory)
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
-            raise OffspecError(f"cannot read model weights index {index}: {_reason(exc)}; "
-                               f"{_redo_hint(directory)}") from exc
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing:
-            raise OffspecError(f"model weights {', '.join(missing)} missing from {directory}; {_redo_hint(directory)}")
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        if any(directory.glob("pytorch_model*.bin")):
-            return []  # legacy pickle weights: transformers reads them, we cannot cheaply check them
-        raise OffspecError(f"no model weights (*.safetensors) in {directory}; expected a Hugging Face model "
-                           f"directory with config.json and *.safetensors")
-    from safetensors import safe_open
-
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                f.keys()
-        except Exception as exc:  # SafetensorError, OSError, ...
-            raise OffspecError(f"cannot read model weights {file}: {_reason(exc)}; {_redo_hint(directory)}") from exc
-    return files
 
 
 def load_tokenizer(resolved: ResolvedModel) -> Any:

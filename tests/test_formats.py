@@ -112,6 +112,22 @@ def test_the_torch_fallback_computes_the_same_product(monkeypatch):
     assert kernels.kernel_status().startswith("torch fallback: forced by the test")
 
 
+def test_the_torch_path_decodes_a_band_of_rows_at_a_time(monkeypatch):
+    """CUDA and the fallback decode weights by torch in bands (an LM head would be GBs at once): same product."""
+    raw = blocks("Q6_K", rows=37)
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal((2, 512)).astype(np.float32))
+    want = x.double() @ torch.from_numpy(reference(raw, "Q6_K", 512)).double().T
+    monkeypatch.setattr(kernels, "_ext", None)
+    monkeypatch.setattr(kernels, "_failure", "forced by the test")
+    monkeypatch.setattr(kernels, "DECODE_CHUNK_BYTES", 5 * 512 * 4)  # bands of 5 rows: 8 bands, the last short
+    decoded = []
+    original = kernels.torch_dequantize
+    monkeypatch.setattr(kernels, "torch_dequantize", lambda r, t, c: decoded.append(r.shape[0]) or original(r, t, c))
+    got = kernels.linear(x, raw, ggml_type("Q6_K").id, 512, bias=torch.full((37,), 2.0))
+    assert decoded == [5] * 7 + [2]
+    torch.testing.assert_close(got.double(), want + 2, rtol=1e-5, atol=1e-4)
+
+
 def test_bias_and_leading_dimensions():
     raw = blocks("Q8_0", rows=10)
     x = torch.randn(2, 3, 512)

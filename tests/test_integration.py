@@ -54,3 +54,25 @@ def test_default_pair_suffix_and_hybrid_greedy_equal_plain_greedy(default_pair, 
             assert spec.tokens_per_pass > 1.5  # the edit copies the code it was given: the suffix index finds it
     finally:
         default_pair.engine.drafter.use_history(True)
+
+
+@pytest.mark.integration
+def test_default_pair_streamed_under_1gb_is_lossless_and_equals_the_resident_target(default_pair):
+    """The target mostly streamed from SSD under --device-mem 1GB: the same Q4_K/Q6_K blocks through the same
+    kernels as the resident target, so its greedy output is the resident target's, and speculation keeps it."""
+    prompt = "Write a Python function that returns the n-th Fibonacci number."
+    resident = default_pair.generate(prompt, max_new_tokens=20, speculate=False)
+    streamed = offspec.load(device_mem="1GB", budget=16)
+    try:
+        placement = streamed.info.extra["placement"]
+        assert placement["layers"]["ssd"] + placement["layers"]["ram"] >= placement["layers"]["device"]
+        assert placement["device_bytes"] <= 1_000_000_000
+        plain = streamed.generate(prompt, max_new_tokens=20, speculate=False)
+        assert plain.token_ids == resident.token_ids
+        spec = streamed.generate(prompt, max_new_tokens=20, budget=16)
+        assert spec.token_ids == plain.token_ids
+        assert spec.tokens_per_pass > 1.0 and sum(p.bytes_streamed for p in spec.passes) > 0
+    finally:
+        streamed.close()
+        del streamed
+        gc.collect()

@@ -64,8 +64,10 @@ def test_quantized_target_and_draft_stay_lossless_with_respect_to_the_quantized_
                                                                                        tmp_path):
     target, draft = deep_targets["qwen2"], tiny_dirs[("qwen2", 1)][1]
     options = dict(dtype="float32", max_context=256, max_budget=64, offload_dir=str(tmp_path))
-    gen = offspec.load(str(target), str(draft), quant="nf4", draft_quant="int8", ram_mem="64MB", **options)
-    assert gen.info.extra["placement"]["quant"] == "nf4"
+    with pytest.raises(OffspecError, match="--quant nf4 needs a CUDA GPU"):  # bitsandbytes NF4 is slow on a CPU
+        offspec.load(str(target), str(draft), quant="nf4", **options)
+    gen = offspec.load(str(target), str(draft), quant="int4", draft_quant="int8", ram_mem="64MB", **options)
+    assert gen.info.extra["placement"]["quant"] == "int4"
     plain = gen.generate("abc", max_new_tokens=30, speculate=False)
     assert gen.generate("abc", max_new_tokens=30, budget=16).token_ids == plain.token_ids
 
@@ -117,7 +119,8 @@ def test_bench_with_a_streamed_target_counts_bytes_and_stays_lossless(tiny_dirs,
     report = run_bench(gen, ["Hello there", "abc"], parse_setups("ar,hf,8", TreeConfig()), max_new_tokens=12,
                        temperature=0.0, out_dir=tmp_path / "bench")
     ar, hf, tree = (report["setups"][name] for name in ("ar", "hf-assisted", "tree8"))
-    assert hf["greedy_mismatches"] == 0 and tree["greedy_mismatches"] == 0  # transformers' generate over the hooks
+    # transformers' generate over the hooks; float64 attends with SDPA on both sides (exact attention is float32)
+    assert hf["outputs_unlike_ar"] == 0 and tree["greedy_mismatches"] == 0
     for s in (ar, tree):
         assert s["bytes_streamed_per_pass"] == per_pass and s["stream_bandwidth"] > 0
     assert hf["stream_bandwidth"] == 0.0  # not counted outside offspec's engine

@@ -31,7 +31,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..cli import TqdmProgress
+    from ..cli_progress import TqdmProgress
     from ..device import resolve_device, resolve_dtype, use_device
     from ..paths import cache_dir
     from . import FAIL, PASS, SKIP, run_checks

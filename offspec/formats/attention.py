@@ -67,7 +67,12 @@ def install(model: Any) -> None:
     from transformers import AttentionInterface
 
     if not _registered:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
         AttentionInterface.register(NAME, attention_forward)
+        # masks built by transformers itself (its own generate(), e.g. the bench's hf peer) are SDPA's: the
+        # runner passes its own 4D masks, which transformers forwards as they are
+        AttentionMaskInterface.register(NAME, sdpa_mask)
         _registered = True
     for config in {id(c): c for c in (model.config, getattr(model.config, "get_text_config", lambda: None)())
                    if c is not None}.values():

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from torch.nn import functional as F
 
 from ..paths import cache_dir
 from ..progress import ProgressEvent, ProgressFn, no_progress
@@ -122,11 +121,30 @@ def linear(x: torch.Tensor, qweight: torch.Tensor, type_id: int, cols: int,
             if bias is not None:
                 y += bias
             return y.reshape(*lead, rows).to(x.dtype)
-        w = torch_dequantize(qweight, type_id, cols)  # (rows, cols) float32: the fallback
-        return F.linear(x2d.float(), w, None if bias is None else bias.float()).reshape(*lead, rows).to(x.dtype)
-    # CUDA: decode into the compute dtype, then the GPU's GEMM (a (rows, cols) temporary per call)
-    w = torch_dequantize(qweight, type_id, cols).to(x.dtype)
-    return F.linear(x2d, w, bias).reshape(*lead, rows)
+        return _decoded_linear(x2d.float(), qweight, type_id, cols, bias).reshape(*lead, rows).to(x.dtype)
+    # CUDA: decode into the compute dtype, then the GPU's GEMM
+    return _decoded_linear(x2d, qweight, type_id, cols, bias).reshape(*lead, rows)
+
+
+DECODE_CHUNK_BYTES = 32 * 2**20  # float32 bytes of weight decoded at a time
+# what one decoded band costs at its peak (the float32 band, the decoder's intermediates, the compute-dtype copy):
+# the placement charges it where weights are decoded by torch (CUDA, or a CPU without the compiled kernels)
+DECODE_WORKSPACE = 4 * DECODE_CHUNK_BYTES
+
+
+def _decoded_linear(x2d: torch.Tensor, qweight: torch.Tensor, type_id: int, cols: int,
+                    bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x2d (M, cols) @ W^T with W decoded by torch a band of rows at a time (the temporaries stay within
+    DECODE_CHUNK_BYTES of float32 plus the decoder's own intermediates, even for an LM head)."""
+    rows = qweight.shape[0]
+    band = max(1, DECODE_CHUNK_BYTES // (4 * cols))
+    y = x2d.new_empty((x2d.shape[0], rows))  # (M, rows)
+    for r0 in range(0, rows, band):
+        w = torch_dequantize(qweight[r0:r0 + band], type_id, cols).to(x2d.dtype)  # (band, cols)
+        y[:, r0:r0 + band] = x2d @ w.t()  # (M, band)
+    if bias is not None:
+        y += bias.to(y.dtype)
+    return y
 
 
 def dequantize_rows(raw: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:

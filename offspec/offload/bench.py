@@ -39,10 +39,10 @@ TOKENS = "1,16,64,256,1024,4096"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ..cli import _add_model_args
+    from ..cli_args import add_model_args
 
     p = argparse.ArgumentParser(prog="offspec bench offload", description=__doc__.splitlines()[0])
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--tokens", default=TOKENS, help=f"tokens per measured pass, comma list (default {TOKENS})")
     p.add_argument("--context", type=int, default=32, help="cached prefix tokens before each pass (default 32)")
     p.add_argument("--repeat", type=int, default=3, help="passes per point; the median is kept (default 3)")
@@ -235,7 +235,8 @@ def _table(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from ..cli import TqdmProgress, load_options
+    from ..cli_args import load_options
+    from ..cli_progress import TqdmProgress
     from ..config import LoadConfig, split_options
     from ..cpu_linear import speed_up_cpu_linears
     from ..loading import load_model

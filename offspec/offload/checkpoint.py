@@ -8,7 +8,54 @@ from pathlib import Path
 
 import torch
 
+from ..convert import MANIFEST
 from ..errors import OffspecError
+
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _redo_hint(directory: Path) -> str:
+    if (directory / MANIFEST).is_file():  # our own converted cache entry
+        return f"delete {directory} and start again to rebuild it"
+    return "delete it and download or convert the model again"
+
+
+def validate_weights(directory: Path) -> list[Path]:
+    """Check that the weight files of `directory` are present and their safetensors headers readable.
+
+    Returns the safetensors files. Cheap: only headers are parsed (safetensors also checks that the
+    file is long enough for every tensor the header declares, so truncation is caught).
+    """
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise OffspecError(f"cannot read model weights index {index}: {_reason(exc)}; "
+                               f"{_redo_hint(directory)}") from exc
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            raise OffspecError(f"model weights {', '.join(missing)} missing from {directory}; {_redo_hint(directory)}")
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        if any(directory.glob("pytorch_model*.bin")):
+            return []  # legacy pickle weights: transformers reads them, we cannot cheaply check them
+        raise OffspecError(f"no model weights (*.safetensors) in {directory}; expected a Hugging Face model "
+                           f"directory with config.json and *.safetensors")
+    from safetensors import safe_open
+
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()
+        except Exception as exc:  # SafetensorError, OSError, ...
+            raise OffspecError(f"cannot read model weights {file}: {_reason(exc)}; {_redo_hint(directory)}") from exc
+    return files
 
 
 class Checkpoint:
@@ -16,8 +63,6 @@ class Checkpoint:
 
     def __init__(self, directory: Path, name: str):
         from safetensors import safe_open
-
-        from ..loading import validate_weights
 
         self.directory, self.name = Path(directory), name
         files = validate_weights(self.directory)

@@ -28,15 +28,18 @@ def kv_cache_bytes(config: Any, slots: int, elem: int) -> int:
     return 2 * layers * kv_heads * head_dim * slots * elem
 
 
-def activation_bytes(config: Any, tokens: int, kv_len: int, elem: int) -> int:
+DRAFT_LOGIT_ROWS = 64  # the draft scores up to max_beams (<= 64 by default) expanded nodes per step
+
+
+def activation_bytes(config: Any, tokens: int, kv_len: int, elem: int, logit_rows: int = 8) -> int:
     """Peak activations of one forward of `tokens` tokens over `kv_len` cache slots (a generous estimate):
     hidden states, q/k/v/o and MLP intermediates, one heads x tokens x kv_len score tensor, the 4D mask
-    and its boolean source, and a few rows of logits."""
+    and its boolean source, and `logit_rows` rows of float32 logits."""
     _, hidden, inter, heads, _, _, vocab = _dims(config)
     per_token = (6 * hidden + 3 * inter) * elem
     scores = heads * tokens * kv_len * elem
     mask = tokens * kv_len * (elem + 1)
-    return tokens * per_token + scores + mask + 8 * vocab * 4
+    return tokens * per_token + scores + mask + logit_rows * vocab * 4
 
 
 PREFILL_TOKENS = 512  # a prefill pass of at least this many tokens fits in the activation reserve (issue 12)
@@ -58,4 +61,4 @@ def draft_headroom(config: Any, max_context: int, max_budget: int, elem: int) ->
     """KV cache and activations of the draft (its cache also keeps scratch slots for the growing tree)."""
     ctx = context_limit(config, max_context)
     slots = ctx + 2 * (max_budget + 1) + 64  # as offspec.api sizes the draft's cache
-    return kv_cache_bytes(config, slots, elem) + activation_bytes(config, 512, slots, elem)
+    return kv_cache_bytes(config, slots, elem) + activation_bytes(config, 512, slots, elem, DRAFT_LOGIT_ROWS)

@@ -82,7 +82,21 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
     kv, act = target_headroom(sk.model.config, config.max_context, config.max_budget, elem, config.prefill_tokens)
     return ModelSizes(layer_bytes=tuple(p.nbytes for p in sk.plans), file_bytes=max(p.file_bytes for p in sk.plans),
                       other_bytes=other, kv_bytes=kv, activation_bytes=act, extra_bytes=extra_bytes,
-                      workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]))
+                      workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]) + _decode_workspace(sk, device))
+
+
+def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
+    """Bytes of weights decoded by torch at a time (formats.kernels), where the model has low-bit weights that
+    are decoded that way: on CUDA always, on a CPU only without the compiled kernels. NF4 decodes a whole
+    (out, in) weight in the compute dtype: its largest one (bitsandbytes' fallback for many rows)."""
+    from ..formats import kernels
+
+    if sk.quant == "nf4":
+        return max((m.in_features * m.out_features * 2 for layer in sk.layers for m in layer.modules()
+                    if hasattr(m, "in_features") and hasattr(m, "out_features")), default=0)
+    if sk.quant in ("ggml", "int4", "int8") and (device.type != "cpu" or kernels.compiled() is None):
+        return kernels.DECODE_WORKSPACE
+    return 0
 
 
 # --- packing a float checkpoint ------------------------------------------------------------------
@@ -399,13 +413,12 @@ def resident_bytes(model: nn.Module) -> int:
 
 def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_tok: Any, *, device: torch.device,
                         dtype: torch.dtype, attn_implementation: str, config: OffloadConfig,
-                        progress: ProgressFn = no_progress, load_model: Optional[Callable] = None):
+                        load_model: Callable, progress: ProgressFn = no_progress):
     """offspec.loading.load_pair with offloading: the draft first (resident; quantized if asked or stored so),
-    then the target placed under the budgets with the draft counted as resident. Returns (target, draft)."""
-    from ..loading import LoadedModel
-    from ..loading import load_model as plain_load
+    then the target placed under the budgets with the draft counted as resident. Returns (target, draft).
+    `load_model` is offspec.loading.load_model (the plain load of a float model that needs no offloading)."""
+    from ..loaded import LoadedModel
 
-    load_model = load_model or plain_load
     device = torch.device(device)
     if getattr(draft_res, "store", None) is None and config.draft_quant == "none":
         draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,

@@ -146,7 +146,8 @@ class AdaptiveBudget:
     def _observe_times(self, stats: PassStats, tree: bool) -> None:
         best, costs = self.plan.best, self.costs  # the profile's costs: ratios are against scale 1
         if tree:
-            draft = draft_seconds(costs, self.acceptance, stats.budget, best.max_beams, best.max_depth)
+            draft = draft_seconds(costs, self.acceptance, stats.budget, best.max_beams, best.max_depth,
+                                  best.drafter)  # the drafter this policy plans for (suffix: no model step)
             target = costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head
             if draft > 0:
                 self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))

@@ -39,8 +39,12 @@ ESTIMATE_CONTEXT = "Write a short Python function that adds two numbers, then ex
 def pair_key(generator, load_cfg: Any) -> dict:
     """The fingerprint key of a loaded generator: hardware, model pair (names, dtype, quantization), placement."""
     info = generator.info
+    from ..formats import kernels
+
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none")}
+    if generator.engine.target.device.type == "cpu":  # low-bit weights: offspec's compiled kernels or torch's
+        models["kernels"] = "compiled" if kernels.compiled() is not None else "torch"
     return profile_key(identity(generator.engine.target.device), models, info.extra.get("placement"))
 
 

@@ -26,12 +26,12 @@ def _run(fn, args) -> int:
 
 # --- offspec profile ---------------------------------------------------------------------------------
 def profile_parser() -> argparse.ArgumentParser:
-    from ..cli import _add_model_args
+    from ..cli_args import add_model_args
 
     p = argparse.ArgumentParser(prog="offspec profile", description="Measure this machine and the model pair "
                                 "(hardware, pass times, draft step times, acceptance curve), choose the tree "
                                 "and save the profile that --budget auto uses.")
-    _add_model_args(p)
+    add_model_args(p)
     g = p.add_argument_group("profiling")
     g.add_argument("--quick", action="store_true",
                    help="fewer sizes, prompts and passes (about a minute on a small pair)")
@@ -57,7 +57,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     import offspec
 
-    from ..cli import TqdmProgress, load_options
+    from ..cli_args import load_options
+    from ..cli_progress import TqdmProgress
     from . import builder, measure, report
     from .store import profile_path, save_profile
 

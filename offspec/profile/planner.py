@@ -57,8 +57,9 @@ class PairCosts:
     def scaled(self, draft: float = 1.0, target: float = 1.0) -> "PairCosts":
         """These costs with every draft time times `draft` and every target time times `target`."""
         return replace(self, target_pass=self.target_pass.scaled(target), target_head=self.target_head * target,
-                       draft_step=self.draft_step.scaled(draft),
-                       draft_propose=self.draft_propose.scaled(draft) if self.draft_propose else None)
+                       draft_step=self.draft_step.scaled(draft) if self.draft_step else None,
+                       draft_propose=self.draft_propose.scaled(draft) if self.draft_propose else None,
+                       suffix_seconds=self.suffix_seconds * draft)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ..tempfiles import remove_stale_temps
 from ..writable import check_writable_dir
 from .curves import AcceptanceCurve, CostCurve
 from .planner import PairCosts
-from .schema import ACCEPTANCE_FILE_SCHEMA, ACCEPTANCE_FORMAT, FORMAT, validate
+from .schema import ACCEPTANCE_FILE_SCHEMA, ACCEPTANCE_FORMAT, validate
 
 _VOLATILE = ("predicted", "seconds", "time", "bandwidth", "created", "budget")  # measured or derived from free memory
 _PLACEMENT_KEYS = ("device", "quant", "layers", "tiers")  # of `info.extra["placement"]` (offspec.offload)

@@ -20,11 +20,11 @@ _SERVE = ServeConfig()
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    from ..cli import _add_model_args
+    from ..cli_args import add_model_args
 
     p = argparse.ArgumentParser(prog="offspec serve", description="Serve the models over the OpenAI HTTP API "
                                 "(/v1/chat/completions, /v1/completions, /v1/models, /health).")
-    _add_model_args(p)
+    add_model_args(p)
     s = p.add_argument_group("server")
     s.add_argument("--host", default=_SERVE.host, help=f"address to listen on (default {_SERVE.host}); a "
                    "non-loopback address needs --api-key or --insecure")
@@ -45,7 +45,8 @@ def serve_main(argv: list[str]) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import offspec
 
-    from ..cli import TqdmProgress, load_options
+    from ..cli_args import load_options
+    from ..cli_progress import TqdmProgress
     from .app import create_app
     from .server import Server, address, bind
 
