@@ -641,8 +641,8 @@ def _store_files(cache: Path, kind: str) -> list[Path]:
     return [f for f in files if (kind == "layer") == f.name.startswith("layer")]
 
 
-@pytest.mark.parametrize("kind", ["layer", "extra"])
-@pytest.mark.parametrize("damage", ["random bytes", "truncated"])
+# a layer file (streamed or resident layers) and an extra (LM head, norms, token table), each with one damage
+@pytest.mark.parametrize("kind,damage", [("layer", "random bytes"), ("extra", "truncated")])
 def test_damaged_weight_store_is_rebuilt_and_the_result_is_correct(gguf_pair, places, kind, damage):
     pair, reference = gguf_pair
     dirs, env = places
