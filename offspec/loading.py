@@ -6,7 +6,7 @@ unknown architecture, too little memory, mismatched tokenizers) becomes one Offs
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 
@@ -16,6 +16,8 @@ from .offload.checkpoint import validate_weights
 from .errors import OffspecError
 from .progress import ProgressEvent, ProgressFn, no_progress
 from .sources import ResolvedModel, convert_located, locate_model
+
+T = TypeVar("T")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -139,27 +141,22 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
         from .offload.config import OffloadConfig
 
         offload = OffloadConfig()
-    for attempt in (0, 1):
+    kwargs = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, progress=progress)
+
+    def convert_and_load() -> tuple[LoadedModel, LoadedModel]:
         target_res, draft_res = convert_located(target_loc, progress), convert_located(draft_loc, progress)
         if offload is None:
-            target = load_model(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                                progress=progress, tokenizer=target_tok)
-            draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                               progress=progress, tokenizer=draft_tok)
-            return target, draft
+            return load_model(target_res, tokenizer=target_tok, **kwargs), load_model(draft_res, tokenizer=draft_tok,
+                                                                                      **kwargs)
         # offloading (offspec/offload): the draft loads first, then the target's decoder layers are placed under
         # the device/RAM budgets of `offload` (an OffloadConfig) and streamed as needed
-        from .offload.model import StoreDamaged, load_offloaded_pair
+        from .offload.model import load_offloaded_pair
 
-        try:
-            return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
-                                       dtype=dtype, attn_implementation=attn_implementation, config=offload,
-                                       progress=progress, load_model=load_model)
-        except StoreDamaged as exc:  # the entry was marked: converting again rebuilds it (once)
-            if attempt:
-                raise
-            progress(ProgressEvent("convert", f"{exc}; rebuilding now"))
-    raise AssertionError("unreachable")
+        return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
+                                   dtype=dtype, attn_implementation=attn_implementation, config=offload,
+                                   progress=progress, load_model=load_model)
+
+    return _rebuilding_once(convert_and_load, progress)
 
 
 def load_target(target_spec: Optional[str], *, device: Union[torch.device, str], dtype: torch.dtype,
@@ -174,27 +171,29 @@ def load_target(target_spec: Optional[str], *, device: Union[torch.device, str],
         from .offload.config import OffloadConfig
 
         offload = OffloadConfig()
-    for attempt in (0, 1):
+    kwargs = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, progress=progress)
+
+    def convert_and_load() -> LoadedModel:
         resolved = convert_located(located, progress)
         if offload is None:
-            return load_model(resolved, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                              progress=progress, tokenizer=target_tok)
-        from .offload.model import StoreDamaged, load_offloaded
+            return load_model(resolved, tokenizer=target_tok, **kwargs)
+        from .offload.model import as_loaded, load_offloaded
 
-        try:  # the target's layers placed under the budgets of `offload`, nothing else resident
-            model, handle = load_offloaded(resolved, device=torch.device(device), dtype=dtype,
-                                           attn_implementation=attn_implementation, config=offload,
-                                           progress=progress)
-        except StoreDamaged as exc:  # the entry was marked: converting again rebuilds it (once)
-            if attempt:
-                raise
-            progress(ProgressEvent("convert", f"{exc}; rebuilding now"))
-            continue
-        if model is None:
-            target = load_model(resolved, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                                progress=progress, tokenizer=target_tok)
-        else:
-            target = LoadedModel(name=resolved.name, path=resolved.path, model=model, tokenizer=target_tok)
-        target.offload = handle
-        return target
-    raise AssertionError("unreachable")
+        # the target's layers placed under the budgets of `offload`, nothing else resident
+        model, handle = load_offloaded(resolved, device=torch.device(device), dtype=dtype,
+                                       attn_implementation=attn_implementation, config=offload, progress=progress)
+        return as_loaded(resolved, model, handle, target_tok, load_model, **kwargs)
+
+    return _rebuilding_once(convert_and_load, progress)
+
+
+def _rebuilding_once(convert_and_load: Callable[[], T], progress: ProgressFn) -> T:
+    """Run `convert_and_load`; where a weight store turns out damaged while loading (the entry is then marked),
+    run it once more: converting again rebuilds the entry."""
+    from .offload.model import StoreDamaged
+
+    try:
+        return convert_and_load()
+    except StoreDamaged as exc:
+        progress(ProgressEvent("convert", f"{exc}; rebuilding now"))
+        return convert_and_load()

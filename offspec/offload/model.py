@@ -436,10 +436,20 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
 
     model, handle = load_offloaded(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                    config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes)
-    if model is None:
-        target = load_model(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                            progress=progress, tokenizer=target_tok)
-    else:
-        target = LoadedModel(name=target_res.name, path=target_res.path, model=model, tokenizer=target_tok)
-    target.offload = handle
+    target = as_loaded(target_res, model, handle, target_tok, load_model, device=device, dtype=dtype,
+                       attn_implementation=attn_implementation, progress=progress)
     return target, draft
+
+
+def as_loaded(resolved: Any, model: Optional[Any], handle: OffloadHandle, tokenizer: Any, load_model: Callable,
+              **load_kwargs: Any):
+    """A LoadedModel from `load_offloaded`'s result (model None: a float model loaded the plain way,
+    `load_model(resolved, tokenizer=..., **load_kwargs)`), with its offloading handle."""
+    from ..loaded import LoadedModel
+
+    if model is None:
+        loaded = load_model(resolved, tokenizer=tokenizer, **load_kwargs)
+    else:
+        loaded = LoadedModel(name=resolved.name, path=resolved.path, model=model, tokenizer=tokenizer)
+    loaded.offload = handle
+    return loaded
