@@ -189,6 +189,15 @@ def prompt_sha(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
+def _thread_setting(env: dict):
+    """The thread setting a report was measured with: "auto, at most N" when the governor sized torch's threads
+    to the free cores (the count it had at any moment follows the machine's load), else the fixed count."""
+    governed = (env.get("extra") or {}).get("threads")
+    if isinstance(governed, dict) and governed.get("max_threads") is not None:
+        return f"auto, at most {governed['max_threads']}"
+    return env.get("torch_threads")
+
+
 def _resumable(path: Path, fresh: dict, runs: dict[str, list[dict]], prompts: list[str]) -> tuple[dict, dict]:
     """The earlier report at `path` and its complete prompts (measured by every set-up), checked against the
     settings of this run. The earlier environment is kept; this run's is appended under "resumed"."""
@@ -207,7 +216,7 @@ def _resumable(path: Path, fresh: dict, runs: dict[str, list[dict]], prompts: li
     placement = lambda e: (e.get("extra") or {}).get("placement", {}).get("tiers")  # noqa: E731
     for name, get in (("target", lambda e: e.get("target")), ("draft", lambda e: e.get("draft")),
                       ("device", lambda e: e.get("device")), ("dtype", lambda e: e.get("dtype")),
-                      ("placement", placement), ("torch threads", lambda e: e.get("torch_threads"))):
+                      ("placement", placement), ("threads", _thread_setting)):
         if get(old_env) is not None and get(old_env) != get(env):
             raise OffspecError(f"{path} was measured with {name} {get(old_env)}, this run has {get(env)}{fix}")
     done = min(len(s.get("runs", [])) for s in old_setups.values())

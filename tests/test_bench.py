@@ -180,3 +180,25 @@ def test_resume_keeps_measured_prompts_and_runs_the_rest(tiny_pair, tmp_path, mo
     (tmp_path / "bench.json").write_text("{not json")
     with pytest.raises(OffspecError, match="not a bench report"):
         run_bench(tiny_pair, ["Hello"], setups, max_new_tokens=8, temperature=0.0, out_dir=tmp_path, resume=True)
+
+
+def test_resume_compares_the_thread_setting_not_the_governed_count(tiny_pair, tmp_path, monkeypatch):
+    """Under the thread governor the count follows the machine's load (CI moved it from 2 to 1 between two runs);
+    a resume checks the setting ("auto, at most N"), and a changed fixed count is still refused."""
+    setups = parse_setups("ar", TreeConfig())
+    run_bench(tiny_pair, ["Hello"], setups, max_new_tokens=4, temperature=0.0, out_dir=tmp_path)
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    governed = {"threads": {"max_threads": 2, "threads": 2}}
+    saved["environment"]["extra"] = {**(saved["environment"].get("extra") or {}), **governed}
+    saved["environment"]["torch_threads"] = 2
+    (tmp_path / "bench.json").write_text(json.dumps(saved))
+    monkeypatch.setitem(tiny_pair.info.extra, "threads", {"max_threads": 2, "threads": 1})
+    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    run_bench(tiny_pair, ["Hello", "Hi"], setups, max_new_tokens=4, temperature=0.0, out_dir=tmp_path, resume=True)
+
+    monkeypatch.delitem(tiny_pair.info.extra, "threads")
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    saved["environment"]["extra"].pop("threads")
+    (tmp_path / "bench.json").write_text(json.dumps(saved))
+    with pytest.raises(OffspecError, match="measured with threads 2, this run has 1"):
+        run_bench(tiny_pair, ["Hello"], setups, max_new_tokens=4, temperature=0.0, out_dir=tmp_path, resume=True)
