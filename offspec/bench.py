@@ -71,6 +71,9 @@ def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temper
     if setup.kind == "hf":
         return _run_hf_assisted(generator, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     saved = generator.tree
+    # Every run starts cold: no cached prompt prefix from the set-up before (it would skip this run's prefill)
+    # and no suffix history (the suffix drafter would have seen this very prompt's answer).
+    generator.engine.forget()
     try:
         if setup.tree is not None:
             generator.tree = setup.tree
@@ -80,6 +83,7 @@ def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temper
         generator.tree = saved
     drafted = [p.drafter for p in result.passes if p.drafter]
     return {"tokens": len(result.token_ids), "passes": result.n_passes, "seconds": result.seconds,
+            "reused_prompt_tokens": result.reused_prompt_tokens,  # 0: every run pays its own prefill
             "drafters": {d: drafted.count(d) for d in sorted(set(drafted))},  # passes by what built the tree
             "draft_seconds": result.draft_seconds, "target_seconds": result.target_seconds,
             "io_wait_seconds": sum(p.io_wait_seconds for p in result.passes),

@@ -76,6 +76,8 @@ def test_drafter_setups_run_lossless_in_fresh_sessions(tiny_pair, tmp_path):
     assert set(report["setups"]["model8"]["drafters"]) == {"model"}
     first, second = report["setups"]["suffix8"]["runs"]
     assert first["passes"] == second["passes"]  # no index over earlier generations in a benchmark
+    # nor a cached prompt: a set-up after another on the same prompt would skip its prefill and look faster
+    assert all(run["reused_prompt_tokens"] == 0 for s in report["setups"].values() for run in s["runs"])
     assert tiny_pair.engine.drafter.suffix.history is None
     tiny_pair.engine.drafter.use_history(True)
     table = (tmp_path / "bench.md").read_text()

@@ -28,7 +28,7 @@ BUDGETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def python(code: str, **env) -> str:
-    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME")}
+    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           env={**environ, **env}, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -39,6 +39,10 @@ def test_importing_offspec_first_sets_a_passive_wait_policy_unless_the_user_chos
     code = "import offspec, os, offspec.threads as t; print(os.environ.get('OMP_WAIT_POLICY'), t.openmp_env_applied())"
     assert python(code) == "PASSIVE True"
     assert python(code, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE True"  # the user's choice stands
+    spin = "import offspec, os; print(os.environ.get('GOMP_SPINCOUNT'))"
+    assert python(spin) == "20000"  # a short spin before sleeping, with the passive policy only
+    assert python(spin, OMP_WAIT_POLICY="ACTIVE") == "None"
+    assert python(spin, GOMP_SPINCOUNT="5") == "5"
     late = "import torch, offspec, os, offspec.threads as t; print(os.environ.get('OMP_WAIT_POLICY'), t.openmp_env_applied())"
     assert python(late) == "None False"  # torch's pool already started: offspec says so instead of pretending
     # the CLI entry imports offspec before torch

@@ -49,9 +49,11 @@ def test_torch_and_cpu_decoders_equal_the_reference_bit_for_bit(type_name):
     assert np.array_equal(bits(kernels.dequantize_rows(raw, tid, 512)), want)
 
 
-def _quantized_activations(x: np.ndarray) -> np.ndarray:
-    """What the kernels multiply with: each block of 32 rounded to int8 times its float32 scale max|x|/127."""
-    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+def _quantized_activations(x: np.ndarray, type_name: str) -> np.ndarray:
+    """What the kernels multiply with: each block (256 values for the K-quants, ggml's Q8_K; else 32, Q8_0)
+    rounded to int8 times its float32 scale max|x|/127."""
+    block = 256 if type_name.endswith("_K") else 32
+    xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
     d = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
     inv = np.where(d != 0, np.float32(1) / np.where(d == 0, 1, d), 0).astype(np.float32)
     return (np.rint((xb * inv).astype(np.float32)) * d).reshape(x.shape)
@@ -62,7 +64,7 @@ def test_kernel_products_equal_the_exact_reference(type_name):
     raw, rng = blocks(type_name, rows=40), np.random.default_rng(1)
     x = rng.standard_normal((7, 512)).astype(np.float32)
     w = reference(raw, type_name, 512).astype(np.float64)
-    xe = _quantized_activations(x) if type_name in INTEGER else x
+    xe = _quantized_activations(x, type_name) if type_name in INTEGER else x
     want = xe.astype(np.float64) @ w.T  # exact products of the exact operands
     got = kernels.linear(torch.from_numpy(x), raw, ggml_type(type_name).id, 512).numpy()
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()  # float32 summation only
@@ -164,3 +166,14 @@ def test_quantizing_float_weights_writes_what_gguf_writes(kind, type_name):
     assert np.array_equal(quantize_rows(w, tid).numpy(), want)
     assert ggml_type(weight_type(kind, 96, head=True)).name == "Q8_0"  # LM head and token table
     assert ggml_type(weight_type(kind, 100)).name == "F32"  # not a multiple of 32: stays float
+
+
+def test_profiles_are_keyed_by_the_kernel_build(monkeypatch):
+    """A profile measured with other kernels (new sources, flags or torch) has other timings: its key differs."""
+    build = kernels.kernel_build()
+    assert build.startswith("compiled ") and len(build.split()[1]) == 12
+    monkeypatch.setattr(kernels, "_simd_flags", lambda: ["-mother"])
+    assert kernels.kernel_build() != build
+    monkeypatch.setattr(kernels, "_ext", None)
+    monkeypatch.setattr(kernels, "_failure", "forced by the test")
+    assert kernels.kernel_build() == "torch"

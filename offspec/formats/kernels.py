@@ -99,6 +99,14 @@ def compiled() -> Any:
     return _ext
 
 
+def kernel_build() -> str:
+    """What computes low-bit weights on a CPU, for profile fingerprints: "compiled <build id>" (the sources,
+    flags and torch version: new kernels mean new timings) or "torch" (the fallback)."""
+    if compiled() is None:
+        return "torch"
+    return f"compiled {_build_id(_simd_flags())}"
+
+
 def kernel_status() -> str:
     """One line: which CPU kernels run ("compiled (AVX2)", "compiled (scalar)", or the fallback and why)."""
     if _ext is None and _failure is None:

@@ -43,8 +43,8 @@ def pair_key(generator, load_cfg: Any) -> dict:
 
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none")}
-    if generator.engine.target.device.type == "cpu":  # low-bit weights: offspec's compiled kernels or torch's
-        models["kernels"] = "compiled" if kernels.compiled() is not None else "torch"
+    if generator.engine.target.device.type == "cpu":  # low-bit weights: which build of offspec's kernels, or torch's
+        models["kernels"] = kernels.kernel_build()
     return profile_key(identity(generator.engine.target.device), models, info.extra.get("placement"))
 
 

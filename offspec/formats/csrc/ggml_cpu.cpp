@@ -53,17 +53,18 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
     return y;
   }
 
-  TORCH_CHECK(K % QB == 0, "offspec: K=", K, " is not a multiple of ", QB);
-  const int64_t nb = K / QB;
-  std::vector<int8_t> xq(M * K);    // (M, K) activations in 8 bits
-  std::vector<float> xd(M * nb);    // (M, K/32) their scales
-  std::vector<int32_t> xs_sum(M * nb);  // (M, K/32) their block sums
+  const int64_t ab = activation_block(type);
+  TORCH_CHECK(K % ab == 0, "offspec: K=", K, " is not a multiple of ", ab);
+  const int64_t nb = K / QB, nd = K / ab;
+  std::vector<int8_t> xq(M * K);        // (M, K) activations in 8 bits
+  std::vector<float> xd(M * nd);        // (M, K/ab) their scales
+  std::vector<int32_t> xs_sum(M * nb);  // (M, K/32) their sums per 32
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; m++) quantize_row(xp + m * K, K, &xq[m * K], &xd[m * nb], &xs_sum[m * nb]);
+    for (int64_t m = m0; m < m1; m++) quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
   });
-  const XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb};
+  const XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
   at::parallel_for(0, N, GRAIN, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n++) dot_rows(type, wp + n * rb, xs, yp + n, N);
+    dot_rows(type, wp + n0 * rb, rb, n1 - n0, xs, yp + n0, N);
   });
   return y;
 }

@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <cstring>
 
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
 namespace offspec {
 
 enum GgmlType : int64_t {
@@ -60,7 +64,11 @@ inline float fp16_to_fp32(uint16_t h) {  // exact (every half is a float)
 inline float half_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(h);  // the hardware conversion: exact too, subnormals included
+#else
   return fp16_to_fp32(h);
+#endif
 }
 
 // --- block decoders: out[0 .. block) from one block, arithmetic as in gguf/quants.py ------------------------
