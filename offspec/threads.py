@@ -8,7 +8,7 @@ process keeps a core busy (issue 15: a draft step went 12x slower beside one CPU
    which torch's CPU build and its MKL use, `KMP_BLOCKTIME=0` for Intel's) unless the user set one, with a
    short spin before sleeping (`GOMP_SPINCOUNT=20000`, about 0.2 ms): a one-token pass runs hundreds of
    kernels a few tens of microseconds apart, and waking sleeping threads for each cost 10-15% of its time
-   (kernel table in the README), while 0.2 ms is too short to starve another process. It must
+   (paired runs of the target alone, 2-core VM), while 0.2 ms is too short to starve another process. It must
    run before torch starts its thread pool: `offspec/__init__.py` runs it first thing, so `import offspec`
    before `import torch` is enough (`openmp_env_applied()` says whether it came in time).
 2. More threads than free cores: a parallel region ends only when its slowest thread does, and a thread that
