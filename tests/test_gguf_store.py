@@ -100,11 +100,13 @@ def test_stored_weights_are_bitwise_what_transformers_reads(cache, ggufs, name):
 
 
 def _reference_linear(x, qweight, type_id, cols, bias=None):
-    """The kernels' arithmetic in float64: exact weights, activations rounded to 8 bits per block of 32."""
+    """The kernels' arithmetic in float64: exact weights, activations rounded to 8 bits per block of 256 for the
+    K-quants (ggml's Q8_K), else per block of 32 (Q8_0)."""
     w = torch_dequantize(qweight, type_id, cols).double()
     xd = x.double().reshape(-1, cols)
-    if KERNEL_TYPES[type_id].name not in ("F32", "F16", "BF16", "Q2_K", "Q3_K"):
-        blocks = xd.float().reshape(xd.shape[0], -1, 32)
+    type_name = KERNEL_TYPES[type_id].name
+    if type_name not in ("F32", "F16", "BF16", "Q2_K", "Q3_K"):
+        blocks = xd.float().reshape(xd.shape[0], -1, 256 if type_name.endswith("_K") else 32)
         d = blocks.abs().amax(-1, keepdim=True) / 127
         inv = torch.where(d != 0, 1 / torch.where(d == 0, torch.ones_like(d), d), torch.zeros_like(d))
         xd = (torch.round(blocks * inv) * d).double().reshape(xd.shape)
