@@ -332,18 +332,6 @@ void ktile(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystrid
   for (int r = 0; r < R; r++) y[(r0 + r) * ystride] = acc_sum(acc[r], acc_zero()) - mins[r];
 }
 
-template <int64_t T>
-void krows(const uint8_t* w, const XSet& x, float* y, int64_t ystride) {
-  int64_t r = 0;
-  for (; r + 4 <= x.M; r += 4) ktile<T, 4>(w, x, r, y, ystride);
-  switch (x.M - r) {
-    case 3: ktile<T, 3>(w, x, r, y, ystride); break;
-    case 2: ktile<T, 2>(w, x, r, y, ystride); break;
-    case 1: ktile<T, 1>(w, x, r, y, ystride); break;
-    default: break;
-  }
-}
-
 // Rows r0 .. r0+R of the output column of one legacy weight row (blocks of 32, activations in blocks of 32).
 template <class B, int R>
 void tile(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
@@ -374,16 +362,27 @@ void tile(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride
   }
 }
 
-template <class B>
-void rows(const uint8_t* w, const XSet& x, float* y, int64_t ystride) {
+// f(r0, std::integral_constant<int, R>) over the M activation rows: tiles of 4, then one of the remainder.
+template <class F>
+void in_tiles(int64_t M, F&& f) {
   int64_t r = 0;
-  for (; r + 4 <= x.M; r += 4) tile<B, 4>(w, x, r, y, ystride);
-  switch (x.M - r) {
-    case 3: tile<B, 3>(w, x, r, y, ystride); break;
-    case 2: tile<B, 2>(w, x, r, y, ystride); break;
-    case 1: tile<B, 1>(w, x, r, y, ystride); break;
+  for (; r + 4 <= M; r += 4) f(r, std::integral_constant<int, 4>{});
+  switch (M - r) {
+    case 3: f(r, std::integral_constant<int, 3>{}); break;
+    case 2: f(r, std::integral_constant<int, 2>{}); break;
+    case 1: f(r, std::integral_constant<int, 1>{}); break;
     default: break;
   }
+}
+
+template <class B>
+void rows(const uint8_t* w, const XSet& x, float* y, int64_t ystride) {
+  in_tiles(x.M, [&](int64_t r, auto R) { tile<B, decltype(R)::value>(w, x, r, y, ystride); });
+}
+
+template <int64_t T>
+void krows(const uint8_t* w, const XSet& x, float* y, int64_t ystride) {
+  in_tiles(x.M, [&](int64_t r, auto R) { ktile<T, decltype(R)::value>(w, x, r, y, ystride); });
 }
 
 // Float dot product in a fixed order (float weights, and the types without an integer kernel).
