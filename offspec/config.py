@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Optional
 
 from .errors import OffspecError
+from .gain import PassCost
 
 QUANTS = ("none", "int4", "int8", "nf4")  # --quant for float checkpoints (offspec/formats/quantize.py)
 
@@ -37,6 +38,9 @@ class TreeConfig:
     # a pass from a long, confident suffix match alone (no draft model step; see offspec/suffix_drafter.py) may
     # propose up to this many nodes instead of `budget` (SuffixDecoding's adaptive speculation); 0 = `budget`
     confident_budget: int = 32
+    # the target pass's cost model: suffix-only trees keep just the candidates that pay for their place in the
+    # pass (offspec/gain.py), possibly none; None = every candidate up to the budget. `budget="auto"` sets it
+    pass_cost: Optional[PassCost] = None
 
     @property
     def beams(self) -> int:
@@ -54,6 +58,11 @@ class TreeConfig:
                                    f"pass e.g. --{name.replace('_', '-')} 64")
         if self.drafter is not None and self.drafter not in DRAFTERS:
             raise OffspecError(f"unknown drafter {self.drafter!r}; use {', '.join(DRAFTERS)}")
+        if self.pass_cost is not None:
+            try:
+                self.pass_cost.validate()
+            except (AttributeError, ValueError) as exc:
+                raise OffspecError(f"pass_cost must be an offspec.gain.PassCost with base > 0: {exc}") from None
         return self
 
     @classmethod

@@ -64,7 +64,7 @@ class HybridDrafter:
         if mode == "model":
             self.kind, self._ran_model = "model", True
             return self.model.propose(tokens, config, temperature)
-        suffix_tree = self.suffix.propose(tokens, config, temperature)
+        suffix_tree = self.suffix.propose(tokens, config, temperature, alone=mode == "suffix")
         if mode == "suffix" or self.suffix.confident:
             self.kind, self._ran_model = "suffix", False
             return suffix_tree
@@ -77,7 +77,8 @@ class HybridDrafter:
 
     def observe(self, accepted: list[int], n_committed: int) -> None:
         """The model keeps the accepted nodes it processed: the accepted path mapped onto its own tree."""
-        if not self._ran_model:
+        if not self._ran_model:  # the suffix candidates alone were verified: they learn from it
+            self.suffix.observe(accepted, n_committed)
             return
         path = accepted
         if self._source is not None:

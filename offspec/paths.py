@@ -18,6 +18,12 @@ def cache_dir() -> Path:
     return _xdg("OFFSPEC_CACHE_DIR", "XDG_CACHE_HOME", ".cache")
 
 
+def kernels_dir() -> Path:
+    """Compiled CPU kernels (keyed by a build id inside). `OFFSPEC_KERNELS_DIR` overrides `cache_dir()/kernels`."""
+    override = os.environ.get("OFFSPEC_KERNELS_DIR")
+    return Path(override).expanduser() if override else cache_dir() / "kernels"
+
+
 def config_dir() -> Path:
     """Measured hardware profiles. `OFFSPEC_CONFIG_DIR` overrides `$XDG_CONFIG_HOME/offspec`."""
     return _xdg("OFFSPEC_CONFIG_DIR", "XDG_CONFIG_HOME", ".config")

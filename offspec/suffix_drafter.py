@@ -15,6 +15,12 @@ A long match whose best continuation is clear (`SuffixConfig.confident_match`, `
 propose up to `TreeConfig.confident_budget` nodes instead of `budget`: copying code that was given is
 where long drafts pay, and the hybrid drafter then skips the draft model.
 Any tree is lossless (the target verifies every token), so these scores only decide what is proposed.
+
+With `TreeConfig.pass_cost` (set by `budget="auto"`), a tree verified as it is (suffix mode, or a confident
+hybrid pass) keeps only the candidates that pay for their place in the target's pass (`offspec.gain`):
+a candidate's acceptance probability is (count / occurrences) * q(m)^depth, where q(m), the chance that
+the target continues a match of length m one more token, is learned from the passes verified so far.
+Where nothing pays, the tree is empty and the pass costs what the target alone costs.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Optional, Sequence
 import torch
 
 from .config import SuffixConfig, TreeConfig
+from .gain import ContinuationRates, best_prefix
 from .suffix_index import Match, SuffixIndex, continuations
 from .tree import DraftTree
 
@@ -42,6 +49,9 @@ class SuffixDrafter:
         self._tree: Optional[DraftTree] = None
         self.match = Match(0, ())  # the last proposal's match (its length and occurrences)
         self.confident = False  # the last match was long and its best continuation clear (see SuffixConfig)
+        # q(m), learned from verified suffix-only trees; kept across conversations (it describes the pair)
+        self.rates = ContinuationRates(config.match_half, max_length=config.max_match)
+        self._verified: Optional[tuple[int, set[int]]] = None  # the last tree as verified: (m, nodes with children)
 
     # --- the Drafter interface -------------------------------------------------------------------
     def reset(self, previous: Sequence[int], tokens: Sequence[int], common: int) -> None:
@@ -65,9 +75,12 @@ class SuffixDrafter:
         elif self.history is None and self.config.global_tokens:
             self.history = SuffixIndex(self.config.key_length, max_tokens=self.config.global_tokens)
 
-    def propose(self, tokens: Sequence[int], config: TreeConfig, temperature: float = 0.0) -> DraftTree:
+    def propose(self, tokens: Sequence[int], config: TreeConfig, temperature: float = 0.0,
+                alone: bool = True) -> DraftTree:
         """At most `config.budget` continuations of the longest matching suffix of `tokens`; up to
-        `config.confident_budget` when the match is long and its best continuation clear (`confident`)."""
+        `config.confident_budget` when the match is long and its best continuation clear (`confident`).
+        `alone`: the tree is verified as it is (False: the hybrid merges it with the model's unless confident);
+        such a tree is cut to the candidates that pay when `config.pass_cost` is set (see the module doc)."""
         self.conversation.extend(tokens[self.conversation.end :])  # the tokens committed since the last pass
         occurrences, m = self._longest(tokens)
         c = self.config
@@ -75,19 +88,47 @@ class SuffixDrafter:
         budget = max(config.budget, config.confident_budget) if self.confident else config.budget
         tree = self._tree_for(max(config.budget, config.confident_budget))
         tree.reset(int(tokens[-1]))
+        verified = alone or self.confident
+        self._verified = (m, set()) if verified else None
         if m < c.min_match:
             return tree
         depth = min(config.max_depth, max(1, math.ceil(c.spec_factor * m)))
         cont = continuations(occurrences, budget, depth)
+        keep = list(range(len(cont.tokens)))  # candidates proposed, in tree order (parents first)
+        if verified and config.pass_cost is not None:
+            keep = self._paying(cont, m, config)
+        new_index = {-1: 0}  # candidate -> tree node (the root is node 0)
+        for i in keep:
+            new_index[i] = len(new_index)
         confidence = math.log(m / (m + c.match_half))
         norm = math.log(cont.total + c.prior_count)
-        scores = torch.tensor([math.log(k) - norm + confidence for k in cont.counts], dtype=torch.float32)  # (k,)
-        parents = torch.tensor(cont.parents, dtype=torch.long) + 1  # (k,) the root is node 0
-        tree.add_nodes(parents, torch.tensor(cont.tokens, dtype=torch.long), scores)
+        scores = torch.tensor([math.log(cont.counts[i]) - norm + confidence for i in keep],
+                              dtype=torch.float32)  # (k,)
+        parents = torch.tensor([new_index[cont.parents[i]] for i in keep], dtype=torch.long)  # (k,)
+        tree.add_nodes(parents, torch.tensor([cont.tokens[i] for i in keep], dtype=torch.long), scores)
+        if verified:
+            self._verified = (m, {new_index[cont.parents[i]] for i in keep})
         return tree
 
+    def _paying(self, cont, m: int, config: TreeConfig) -> list[int]:
+        """The candidates worth verifying under `config.pass_cost`, most probable first (parents first:
+        a child is never more probable than its parent, and the sort is stable)."""
+        q = self.rates.rate(m)
+        probs: list[float] = []  # (count / occurrences) * q^depth, as a product along the path: never above a parent
+        for k, p in zip(cont.counts, cont.parents):
+            probs.append(q * (k / cont.total if p < 0 else probs[p] * (k / cont.counts[p])))
+        order = sorted(range(len(probs)), key=lambda i: -probs[i])
+        n = best_prefix([probs[i] for i in order], config.pass_cost)
+        return order[:n]
+
     def observe(self, accepted: list[int], n_committed: int) -> None:
-        """Nothing to do: the committed tokens are indexed at the start of the next proposal."""
+        """Learn q(m) from a tree verified as proposed (`accepted`: its path, root first). The committed tokens
+        themselves are indexed at the start of the next proposal."""
+        if self._verified is None:
+            return
+        m, parents = self._verified
+        self.rates.observe(m, len(accepted) - 1, left=accepted[-1] in parents)
+        self._verified = None
 
     # --- the search ------------------------------------------------------------------------------
     def _longest(self, tokens: Sequence[int]) -> tuple[list[tuple[SuffixIndex, int]], int]:

@@ -1,5 +1,6 @@
 """Shared fixtures. Tiny random models are saved as safetensors and loaded through the real code path."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,11 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py, tests/fakes.py
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the repo root: offspec/, tui/
 
 from tiny import save_tiny_model  # noqa: E402
+from offspec.paths import kernels_dir  # noqa: E402
+
+# The CPU kernels compile once (about a minute) into the kernels dir; tests and their subprocesses that use a
+# fresh OFFSPEC_CACHE_DIR would each compile them again. They share the user's kernels dir instead.
+os.environ.setdefault("OFFSPEC_KERNELS_DIR", str(kernels_dir()))
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ kernels' accuracy and row invariance, the torch path (CUDA and the CPU fallback)
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +178,14 @@ def test_profiles_are_keyed_by_the_kernel_build(monkeypatch):
     monkeypatch.setattr(kernels, "_ext", None)
     monkeypatch.setattr(kernels, "_failure", "forced by the test")
     assert kernels.kernel_build() == "torch"
+
+
+def test_the_kernels_dir_follows_its_own_variable_else_the_cache_dir(monkeypatch, tmp_path):
+    from offspec.paths import kernels_dir
+
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("OFFSPEC_KERNELS_DIR", raising=False)
+    assert kernels_dir() == tmp_path / "cache" / "kernels"
+    monkeypatch.setenv("OFFSPEC_KERNELS_DIR", str(tmp_path / "k"))
+    assert kernels_dir() == tmp_path / "k"
+    assert os.environ["OFFSPEC_CACHE_DIR"] == str(tmp_path / "cache")

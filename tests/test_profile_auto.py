@@ -75,11 +75,15 @@ def test_auto_budget_uses_the_matching_profile(quick_profile, tiny_dirs, monkeyp
     gen.policy.config = replace(gen.policy.config, time_tolerance=math.inf)
     gen.policy.guard = None
     result = gen.generate("Hello", max_new_tokens=24)
-    # the tiny pair's measured plan may predict that no tree pays off; auto then runs passes without a tree
+    # the tiny pair's measured plan may predict that no tree pays off; the default (hybrid) policy then gates
+    # suffix candidates pass by pass: up to confident_budget of them, cut to what pays
     speculates = data["plan"]["speculate"]
-    assert gen.policy.speculates == speculates
-    assert result.passes[0].budget == (data["plan"]["budget"] if speculates else 0)
+    assert gen.policy.speculates == speculates and gen.policy.gated == (not speculates)
+    unplanned = gen.tree.confident_budget  # the gated passes' budget
+    assert result.passes[0].budget == (data["plan"]["budget"] if speculates else unplanned)
     assert gen.policy.passes == (result.n_passes if speculates else 0)  # the policy saw every tree pass
+    assert gen.policy.gated_passes == (0 if speculates else result.n_passes)
+    assert speculates or {p.drafter for p in result.passes} == {"suffix"}
     assert gen.info.extra["budget_adaptive"]["passes_observed"] == gen.policy.passes
     # an explicit per-call budget, or a tree assigned by a caller (bench), bypasses the policy
     assert all(p.budget == 3 for p in gen.generate("Hello", max_new_tokens=8, budget=3).passes)
@@ -88,7 +92,7 @@ def test_auto_budget_uses_the_matching_profile(quick_profile, tiny_dirs, monkeyp
     assert all(p.budget == 5 for p in gen.generate("Hello", max_new_tokens=8).passes)
     gen.tree = saved
     assert gen.generate("Hello", max_new_tokens=8).passes[0].budget == (gen.policy.plan.best.budget if speculates
-                                                                        else 0)
+                                                                        else unplanned)
 
 
 def test_auto_budget_without_profile_estimates_at_start_up(tiny_dirs, config_dir):

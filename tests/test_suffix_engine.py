@@ -10,6 +10,7 @@ import torch
 import offspec
 from offspec import OffspecError
 from offspec.config import SamplingConfig, TreeConfig
+from offspec.gain import PassCost
 from offspec.runner import ModelRunner
 from offspec.sampling import TokenChooser
 
@@ -36,6 +37,24 @@ def test_suffix_and_hybrid_greedy_equal_plain_greedy(tiny_dirs, arch, seed):
                 assert all(p.tree_size <= max(budget, gen.tree.confident_budget) for p in spec.passes)
                 accepted[drafter] += sum(p.accepted for p in spec.passes)
     assert accepted["suffix"] > 0 and accepted["hybrid"] > 0  # the suffix candidates were really used
+
+
+@pytest.mark.parametrize("per_node", [0.0, 0.02, 0.3])
+def test_suffix_trees_cut_by_the_pass_cost_stay_lossless(tiny_dirs, per_node):
+    """Suffix candidates cut to what pays (budget="auto" sets `pass_cost`): greedy output is the target's."""
+    target, _ = tiny_dirs[("qwen2", 0)]
+    gen = offspec.load(str(target), "none", dtype="float64", max_context=256, max_budget=64, budget=32)
+    gen.tree = TreeConfig(budget=32, max_depth=32, drafter="suffix", pass_cost=PassCost(base=0.1, per_node=per_node))
+    sizes = []
+    for prompt in PROMPTS:
+        plain = gen.generate(prompt, max_new_tokens=40, speculate=False)
+        spec = gen.generate(prompt, max_new_tokens=40)
+        assert spec.token_ids == plain.token_ids, (prompt, per_node)
+        sizes += [p.tree_size for p in spec.passes]
+    if per_node == 0.0:  # free nodes: whole candidate trees, accepted in part
+        assert max(sizes) > 8 and sum(gen.engine.drafter.suffix.rates.successes) > 0
+    if per_node == 0.3:  # a node costs three plain passes: no candidate can pay (it brings at most one token)
+        assert set(sizes) == {0}
 
 
 def test_passes_record_who_drafted_and_modes_switch_per_call(tiny_pair):
@@ -111,7 +130,7 @@ def test_auto_plans_each_drafter_and_a_call_uses_its_own_plan(tiny_dirs):
     assert {m: p.plan.best.drafter for m, p in gen.policies.items()} == {m: m for m in gen.policies}
     plan = gen.policies["suffix"].plan
     result = gen.generate("ab ab ab", max_new_tokens=12, drafter="suffix")
-    expected = {plan.best.budget} if plan.speculates else {0}
+    expected = {plan.best.budget} if plan.speculates else {gen.tree.confident_budget}  # else: gated suffix passes
     assert {p.budget for p in result.passes} == expected
     assert "budget_adaptive_suffix" in gen.info.extra
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..paths import cache_dir
+from ..paths import kernels_dir
 from ..progress import ProgressEvent, ProgressFn, no_progress
 from .dequant import dequantize as torch_dequantize
 
@@ -51,7 +51,7 @@ def _compile(progress: ProgressFn) -> Any:
 
     flags = _simd_flags()
     build_id = _build_id(flags)
-    directory = cache_dir() / "kernels" / f"ggml-cpu-{build_id}"
+    directory = kernels_dir() / f"ggml-cpu-{build_id}"
     directory.mkdir(parents=True, exist_ok=True)
     done_marker = directory / "built"
     message = "building the CPU kernels for this machine (one time, about a minute)"

@@ -18,7 +18,11 @@ alone under the current conditions and turns trees off while the target alone is
 Each pass's tree comes from `next_tree()` when `use_tree()` says so, so PassStats.budget shows the budget
 in force; `summary()` (also kept in `info.extra["budget_adaptive"]`) shows the scales, the observed vs
 predicted acceptance, the guard and the re-plans. When the plan predicts that no tree beats the target
-alone (`speculates` is False), auto's passes run without a tree.
+alone (`speculates` is False), auto's passes run without a tree, except where the policy may gate suffix
+candidates (`gate_suffix`: the suffix and hybrid drafters): then each pass proposes the suffix candidates
+and keeps only those that pay for their place in the pass under the measured cost model (`pass_cost`,
+offspec/gain.py), often none (a plain pass), all of a long copied run. An average acceptance curve says
+no tree pays; a copy of code that was given pays every time, and only a per-pass decision sees which is which.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..config import TreeConfig
+from ..gain import PassCost
 from ..types import PassStats
 from .curves import AcceptanceCurve
 from .guard import GuardConfig, SpeedGuard
@@ -75,8 +80,11 @@ class AdaptiveBudget:
 
     def __init__(self, costs: PairCosts, acceptance: AcceptanceCurve, planner: PlannerConfig = PlannerConfig(),
                  config: AdaptConfig = AdaptConfig(), extra: Optional[dict] = None, key: str = "budget_adaptive",
-                 guard: Optional[GuardConfig] = GuardConfig()):
+                 guard: Optional[GuardConfig] = GuardConfig(), gate_suffix: bool = False):
         self.costs, self.acceptance, self.planner, self.config = costs, acceptance, planner, config
+        self.gate_suffix = gate_suffix  # suffix candidates may run per pass where the plan has no tree (see above)
+        self.gated_passes = self.gated_trees = self.gated_accepted = 0  # passes, those with a tree, tokens taken
+        self._gated_pass = False  # the tree of the pass being observed came from the gate
         self.plan: Plan = plan(costs, acceptance, planner)
         self.initial_plan = self.plan
         self.base_tree = self.plan.tree()  # the generator applies this policy while its `tree` is this object
@@ -106,21 +114,43 @@ class AdaptiveBudget:
         can re-plan it back (the target's times are still observed); a fixed --budget still speculates."""
         return self.plan.speculates
 
+    @property
+    def gated(self) -> bool:
+        """Passes propose suffix candidates cut to what pays, because the plan has no tree (see the module doc)."""
+        return self.gate_suffix and not self.plan.speculates
+
     def use_tree(self) -> bool:
         """Whether the next pass grows a tree: the plan says so and the measured speeds agree (SpeedGuard).
         Where a re-plan (measured times) turned trees off, a tree is still probed now and then, so that the
-        draft's time gets measured again; a plan that never had trees (the profile's) is trusted."""
+        draft's time gets measured again; a plan that never had trees (the profile's) is trusted. Gated
+        suffix passes always propose (the candidates that do not pay are dropped, all of them if need be)."""
+        if self.gated:
+            return True
         if self.guard is None:
             return self.plan.speculates
         if not self.plan.speculates and not self.replans:
             return False
         return self.guard.wants_tree(planned=self.plan.speculates)
 
+    def pass_cost(self, nodes: int) -> PassCost:
+        """The target pass's cost model under the current timing scale, linear up to `nodes` tree nodes."""
+        costs = self.costs.scaled(target=self.target_time_scale)
+        base = costs.target_pass(1)
+        return PassCost(base=base, per_node=max(0.0, (costs.target_pass(1 + nodes) - base) / nodes),
+                        head=costs.target_head)
+
     def next_tree(self, base: TreeConfig) -> TreeConfig:
-        """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's."""
+        """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's.
+        Gated: the suffix drafter alone, up to `confident_budget` candidates, cut to what pays."""
+        self._gated_pass = self.gated
+        if self._gated_pass:
+            nodes = max(1, min(base.confident_budget or base.budget, self.planner.max_budget))
+            return replace(base, budget=nodes, confident_budget=nodes, max_depth=nodes, drafter="suffix",
+                           pass_cost=self.pass_cost(nodes))  # a chain as deep as the nodes: copies run long
         best = self.plan.best
+        cost = self.pass_cost(max(best.budget, base.confident_budget)) if self.gate_suffix else None
         return replace(base, budget=best.budget, max_beams=best.max_beams, max_depth=best.max_depth,
-                       drafter=best.drafter)
+                       drafter=best.drafter, pass_cost=cost)
 
     def _expected_accepted(self, budget: int) -> float:
         depth = self.plan.best.max_depth
@@ -128,6 +158,11 @@ class AdaptiveBudget:
 
     def observe(self, stats: PassStats) -> None:
         """One pass's statistics: a tree pass (tree_size > 0) or a pass of the target alone."""
+        if self._gated_pass:
+            self._gated_pass = False
+            self._observe_gated(stats)
+            self._publish()
+            return
         if stats.tree_size > stats.budget > 0:  # a confident suffix pass beyond the budget
             return  # (TreeConfig.confident_budget): the acceptance curve and the timing model are per budget
         tree = stats.tree_size > 0
@@ -158,6 +193,23 @@ class AdaptiveBudget:
             target = costs.autoregressive_seconds()
             if self.guard is not None:
                 self.guard.observe_plain(stats.target_seconds)
+        if target > 0:
+            self.target_ratios.append(stats.target_seconds / target)
+        self.timed_passes += 1
+        if (len(self.target_ratios) >= self.config.min_passes
+                and self.timed_passes - self._last_timing_replan >= self.config.min_gap):
+            self._maybe_retime()
+
+    def _observe_gated(self, stats: PassStats) -> None:
+        """A gated suffix pass: its target time against the cost model (timing drift re-plans as usual);
+        its acceptance is the suffix drafter's own business (it learns q(m)), not the plan's curve."""
+        self.gated_passes += 1
+        self.gated_trees += stats.tree_size > 0
+        self.gated_accepted += stats.accepted
+        if stats.target_seconds <= 0:  # not measured (scripted passes)
+            return
+        costs = self.costs
+        target = costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head
         if target > 0:
             self.target_ratios.append(stats.target_seconds / target)
         self.timed_passes += 1
@@ -239,7 +291,9 @@ class AdaptiveBudget:
                 "predicted_tokens_per_second": round(self.plan.best.tokens_per_second, 4),
                 "draft_time_scale": round(self.draft_time_scale, 4),
                 "target_time_scale": round(self.target_time_scale, 4),
-                "speculate": self.speculates, "guard": self.guard.summary() if self.guard is not None else None,
+                "speculate": self.speculates, "gated_suffix": self.gated,
+                "gated": {"passes": self.gated_passes, "with_tree": self.gated_trees, "accepted": self.gated_accepted},
+                "guard": self.guard.summary() if self.guard is not None else None,
                 "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]]}
 
     def _publish(self) -> None:

@@ -5,7 +5,8 @@
 2. Otherwise a start-up estimate: a few timed target passes and draft steps on the loaded models
    (seconds), with the acceptance prior that ships with offspec (`offspec/data/acceptance_prior.json`).
 
-Each drafter (model, suffix, hybrid) has its own acceptance curve, so each available one gets its own
+The suffix and hybrid policies also gate suffix candidates pass by pass where the plan has no tree (see
+`offspec.profile.adapt`). Each drafter (model, suffix, hybrid) has its own acceptance curve, so each available one gets its own
 plan and `AdaptiveBudget` policy: the generator's default drafter is `generator.policy`, every one is in
 `generator.policies` (a call with `drafter=` uses that one's). A drafter whose curve the profile lacks
 (a profile measured before suffix drafting) takes the prior's. `info.extra` says what the choice was
@@ -132,7 +133,8 @@ def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] =
     for mode in generator.engine.drafter.modes:  # a plan per drafter: `generate(..., drafter=...)` uses its own
         planner = PlannerConfig(branch=generator.tree.branch, max_budget=generator.engine.max_budget, drafter=mode)
         policies[mode] = AdaptiveBudget(costs, curves[mode], planner, extra=generator.info.extra,
-                                        key="budget_adaptive" if mode == default else f"budget_adaptive_{mode}")
+                                        key="budget_adaptive" if mode == default else f"budget_adaptive_{mode}",
+                                        gate_suffix=mode != "model")  # suffix candidates per pass, where they pay
     policy = policies[default]
     generator.tree = policy.base_tree  # a caller that assigns another tree (e.g. bench) gets exactly that tree
     generator.policy, generator.policies = policy, policies

@@ -198,7 +198,9 @@ def plan(costs: PairCosts, acceptance: AcceptanceCurve, config: PlannerConfig = 
                      f"a profile with bigger trees may find a better one")
     ar = 1.0 / costs.autoregressive_seconds()
     if best.tokens_per_second <= ar:
+        gate = ("" if config.drafter == "model" else
+                ", except in passes where suffix candidates pay for their place (a long copy of text seen before)")
         notes.append(f"no tree beats the target alone on this set-up (the {config.drafter} drafter is too slow or "
-                     f"accepts too little); --budget auto decodes with the target alone")
+                     f"accepts too little on average); --budget auto decodes with the target alone{gate}")
     return Plan(best=best, curve=tuple(curve), autoregressive_tokens_per_second=ar, branch=config.branch,
                 acceptance_scale=acceptance_scale, notes=tuple(notes))
