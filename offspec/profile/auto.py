@@ -5,10 +5,10 @@
 2. Otherwise a start-up estimate: a few timed target passes and draft steps on the loaded models
    (seconds), with the acceptance prior that ships with offspec (`offspec/data/acceptance_prior.json`).
 
-The suffix and hybrid policies also gate suffix candidates pass by pass where the plan has no tree (see
-`offspec.profile.adapt`). Each drafter (model, suffix, hybrid) has its own acceptance curve, so each available one gets its own
-plan and `AdaptiveBudget` policy: the generator's default drafter is `generator.policy`, every one is in
-`generator.policies` (a call with `drafter=` uses that one's). A drafter whose curve the profile lacks
+Each drafter (model, suffix, hybrid) has its own acceptance curve, so each available one gets its own
+plan and `AdaptiveBudget` policy (the suffix and hybrid ones also gate suffix candidates pass by pass where
+the plan has no tree: see `offspec.profile.adapt`): the generator's default drafter is `generator.policy`,
+every one is in `generator.policies` (a call with `drafter=` uses that one's). A drafter whose curve the profile lacks
 (a profile measured before suffix drafting) takes the prior's. `info.extra` says what the choice was
 based on (`budget_source`, `budget_basis`, `budget_plan`, `budget_adaptive`, `budget_adaptive_<drafter>`).
 """
