@@ -247,6 +247,10 @@ def test_speed_line_splits_weight_waiting_from_compute():
     assert "target 100 ms/pass" in speed_line(meter2, INFO, 4) and "weights" not in speed_line(meter2, INFO, 4)
     assert budget_label(INFO, 16) == "budget 16 (fixed)"
     assert budget_label(INFO, None, 0) == "target alone (profile)"  # auto predicted no tree pays off
+    gated = ModelInfo("t", "d", "cpu", "float32", 4096, 3,
+                      extra={"budget_source": "estimate", "budget_adaptive": {"gated_suffix": True}})
+    assert budget_label(gated, None, 32) == "suffix drafts where they pay (estimate)"
+    assert budget_label(gated, 8) == "budget 8 (fixed)"
     assert speed_line(None, INFO, None) == "ready · budget 64 (profile)"
     meter.finish(GenerationResult("x", [1] * 8, [stats, stats], 2.0, "cancelled"))
     assert "4.0 tok/s" in speed_line(meter, INFO, None) and "cancelled" in speed_line(meter, INFO, None)

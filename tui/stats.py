@@ -88,10 +88,13 @@ class ReplyMeter:
 
 
 def budget_label(info: ModelInfo, fixed_budget: Optional[int], last_budget: Optional[int] = None) -> str:
-    """'budget 64 (profile)': the tree budget in use and where it came from (profile, estimate, default or fixed)."""
+    """'budget 64 (profile)': the tree budget in use and where it came from (profile, estimate, default or fixed);
+    'target alone' or 'suffix drafts where they pay' where auto planned no tree (offspec.profile.adapt)."""
     if fixed_budget is not None:
         return f"budget {fixed_budget} (fixed)"
     source = str(info.extra.get("budget_source", "default"))
+    if (info.extra.get("budget_adaptive") or {}).get("gated_suffix"):  # auto: no tree planned, suffix passes gated
+        return f"suffix drafts where they pay ({source})"
     planned_none = (info.extra.get("budget_plan") or {}).get("speculate") is False
     if last_budget == 0 or (last_budget is None and planned_none):  # auto: the target alone is predicted faster
         return f"target alone ({source})"
