@@ -1,6 +1,7 @@
 """Shared fixtures. Tiny random models are saved as safetensors and loaded through the real code path."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from offspec.paths import kernels_dir  # noqa: E402
 # The CPU kernels compile once (about a minute) into the kernels dir; tests and their subprocesses that use a
 # fresh OFFSPEC_CACHE_DIR would each compile them again. They share the user's kernels dir instead.
 os.environ.setdefault("OFFSPEC_KERNELS_DIR", str(kernels_dir()))
+
+# A suite started in the background (`nohup ... &`, some CI runners) runs with SIGINT ignored, and the commands the
+# tests start would inherit that: the tests that press Ctrl-C on them would see nothing happen. A handler set here
+# is reset to the default in every child at exec, so their Ctrl-C works as a user's does.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
