@@ -42,7 +42,9 @@ def _build_id(flags: list[str]) -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((CSRC / name).read_bytes())
-    h.update(" ".join(flags + [torch.__version__, platform.python_version()]).encode())
+    # the sources' place too: torch writes it into the build file, and two checkouts sharing one build dir would
+    # rebuild it in turn, one process rewriting the library while another loads it
+    h.update(" ".join(flags + [torch.__version__, platform.python_version(), str(CSRC.resolve())]).encode())
     return h.hexdigest()[:12]
 
 
