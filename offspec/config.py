@@ -61,7 +61,7 @@ class TreeConfig:
         if self.pass_cost is not None:
             try:
                 self.pass_cost.validate()
-            except (AttributeError, ValueError) as exc:
+            except (AttributeError, TypeError, ValueError) as exc:
                 raise OffspecError(f"pass_cost must be an offspec.gain.PassCost with base > 0: {exc}") from None
         return self
 

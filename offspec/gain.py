@@ -3,7 +3,7 @@
 A target pass costs `base + per_node * n` seconds for n tree nodes (and `head` per position of the
 acceptance walk). Where weights stream (a GPU fed over PCIe, a disk) `per_node` is near zero and every
 node is worth proposing; on a CPU with the weights in memory a pass is compute-bound and each node costs a
-good share of a whole pass (on the 2-core test box: base 0.09 s, 0.035 s per node), so a node that will
+good share of a whole pass (on the 2-core test box about 0.09 s + 0.03 s per node), so a node that will
 probably be rejected makes the pass slower than the target alone.
 
 Given each candidate's probability of being accepted (the probability that its whole path is the target's),

@@ -38,6 +38,8 @@ def test_pass_cost_is_validated_where_a_tree_config_carries_it():
         TreeConfig(pass_cost=PassCost(base=1.0, per_node=-1.0)).validate()
     with pytest.raises(OffspecError, match="pass_cost"):
         TreeConfig(pass_cost=(1.0, 0.3)).validate()
+    with pytest.raises(OffspecError, match="pass_cost"):
+        TreeConfig(pass_cost=PassCost(base="1", per_node=0.3)).validate()
     assert TreeConfig(pass_cost=CPU).validate().pass_cost == CPU
 
 

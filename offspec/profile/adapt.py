@@ -124,6 +124,7 @@ class AdaptiveBudget:
         Where a re-plan (measured times) turned trees off, a tree is still probed now and then, so that the
         draft's time gets measured again; a plan that never had trees (the profile's) is trusted. Gated
         suffix passes always propose (the candidates that do not pay are dropped, all of them if need be)."""
+        self._gated_pass = False  # set again by next_tree(): a pass that never reached observe() leaves nothing behind
         if self.gated:
             return True
         if self.guard is None:
