@@ -194,12 +194,7 @@ class AdaptiveBudget:
             target = costs.autoregressive_seconds()
             if self.guard is not None:
                 self.guard.observe_plain(stats.target_seconds)
-        if target > 0:
-            self.target_ratios.append(stats.target_seconds / target)
-        self.timed_passes += 1
-        if (len(self.target_ratios) >= self.config.min_passes
-                and self.timed_passes - self._last_timing_replan >= self.config.min_gap):
-            self._maybe_retime()
+        self._time_target(stats.target_seconds, target)
 
     def _observe_gated(self, stats: PassStats) -> None:
         """A gated suffix pass: its target time against the cost model (timing drift re-plans as usual);
@@ -210,9 +205,13 @@ class AdaptiveBudget:
         if stats.target_seconds <= 0:  # not measured (scripted passes)
             return
         costs = self.costs
-        target = costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head
-        if target > 0:
-            self.target_ratios.append(stats.target_seconds / target)
+        self._time_target(stats.target_seconds,
+                          costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head)
+
+    def _time_target(self, observed: float, predicted: float) -> None:
+        """One timed pass: the target's observed / predicted seconds join the window, which may re-time."""
+        if predicted > 0:
+            self.target_ratios.append(observed / predicted)
         self.timed_passes += 1
         if (len(self.target_ratios) >= self.config.min_passes
                 and self.timed_passes - self._last_timing_replan >= self.config.min_gap):
