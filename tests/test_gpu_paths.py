@@ -118,6 +118,7 @@ class LateStreams(Streams):
 
     def __init__(self):
         super().__init__(torch.device("cpu"))
+        self.reads_into_slots = False  # the CUDA way: staging buffers, then (late) copies into the slots
         self.lock = threading.Lock()
         self.queue, self.serial, self.log = [], 0, []
 

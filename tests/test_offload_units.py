@@ -11,6 +11,7 @@ from offspec import OffspecError
 from offspec.offload.config import OffloadConfig
 from offspec.offload import diskio
 from offspec.offload.diskio import FileReader, aligned_empty
+from offspec.offload.hostmem import page_round
 from offspec.offload.packed import (HEADER, StoreInvalid, build_store, ensure_store, open_store, plan_layer,
                                     tensor_views)
 from offspec.offload.placement import ModelSizes, plan_placement, ram_bytes, spread
@@ -71,6 +72,11 @@ def test_cpu_placement_charges_slots_and_staging_to_the_device_budget():
     assert (p.count("device"), p.count("ram"), p.count("ssd")) == (2, 0, 6)
     assert p.device_bytes <= p.device_budget and p.host_bytes == 0
     assert sum(p.device_breakdown().values()) == p.device_bytes and "draft" not in p.device_breakdown()
+    # files are read straight into the slots: 2 ring + 2 staging slots of a whole (page-rounded) file each
+    slots = 4 * page_round(_file_bytes(100_000))
+    assert p.device_breakdown()["streaming slots"] == p.ring_bytes + p.staging_bytes == slots
+    assert plan_placement(sizes, CPU, OffloadConfig(device_mem=100 + slots + 200_000, ram_mem=0)).count("device") == 2
+    assert plan_placement(sizes, CPU, OffloadConfig(device_mem=100 + slots + 199_999, ram_mem=0)).count("device") == 1
     with_draft = plan_placement(_sizes(n=8, layer=100_000, extra=40),
                                 CPU, OffloadConfig(device_mem=140 + 200_000 + staging + 250_000, ram_mem=0))
     assert with_draft.tiers == p.tiers and with_draft.device_breakdown()["draft"] == 40
@@ -164,6 +170,13 @@ def test_streamer_serves_every_layer_in_order_across_passes_and_recovers_from_in
         else:
             sources.append(LayerSource(i, spec, path=packed.path(i)))
     streamer = LayerStreamer(CPU, sources, ring_slots=2, staging_buffers=2, set_id=packed.set_id)
+    p = streamer._p
+    if "ssd" in tiers:  # CPU: files are read into the slots (2 + 2 of a whole file each) by two fillers
+        assert p.direct and p.staging == [] and len(p.slots) == 4 and p.offset == HEADER
+        assert p.slot_bytes == page_round(max(s.spec.file_bytes for s in sources))
+        assert sorted(t.name for t in p.threads) == ["offspec-filler-0", "offspec-filler-1"]
+    else:  # RAM tier only: copies into 2 payload-sized slots
+        assert not p.direct and len(p.slots) == 2 and p.slot_bytes == max(s.spec.nbytes for s in sources)
     per_pass = sum(s.spec.nbytes for s in sources)
     for _ in range(3):
         for i in range(n):
@@ -176,12 +189,39 @@ def test_streamer_serves_every_layer_in_order_across_passes_and_recovers_from_in
         assert torch.equal(tensor_views(streamer.acquire(i), packed.layers[i])["b"], _fake_layer(i)["b"])
         streamer.release(i)
     streamer.acquire(2)  # out of order (e.g. a pass that failed after layer 1): restarts at layer 2
-    assert torch.equal(tensor_views(streamer._p.slots[0], packed.layers[2])["b"], _fake_layer(2)["b"])
+    payload = streamer._p.slots[0][streamer._p.offset :]  # after the file header where files are read into slots
+    assert torch.equal(tensor_views(payload, packed.layers[2])["b"], _fake_layer(2)["b"])
     streamer.release(2)
     threads = list(streamer._p.threads)
     streamer.close()
     assert not any(t.is_alive() for t in threads)
     assert threading.active_count() >= 1
+
+
+def test_cpu_streamer_keeps_two_reads_in_flight_into_the_slots(tmp_path):
+    """Each read waits until a second one has started (a barrier of 2): with one read at a time the barrier
+    breaks and the first acquire fails. The reads land in the slots themselves: no staging buffer, no copy."""
+    n = 6
+    packed = build_store(tmp_path / "s", {}, _plans(n), lambda i: _fake_layer(i).items(), lambda e: None, "p", "p")
+    barrier = threading.Barrier(2, timeout=10)
+    targets = []
+
+    class PairedReader(FileReader):
+        def read(self, path, into, nbytes):
+            targets.append(into.data_ptr())
+            barrier.wait()  # raises BrokenBarrierError if no second read starts
+            return super().read(path, into, nbytes)
+
+    sources = [LayerSource(i, packed.layers[i], path=packed.path(i)) for i in range(n)]
+    streamer = LayerStreamer(CPU, sources, ring_slots=2, staging_buffers=2, reader=PairedReader(), set_id=packed.set_id)
+    for _ in range(2):
+        for i in range(n):
+            assert torch.equal(tensor_views(streamer.acquire(i), packed.layers[i])["b"], _fake_layer(i)["b"])
+            streamer.release(i)
+    slots = {t.data_ptr() for t in streamer._p.slots}
+    assert set(targets) == slots and streamer.stats()["copy_seconds"] == 0.0
+    barrier.abort()  # a filler may be waiting for a partner read that the full ring holds back
+    streamer.close()
 
 
 @pytest.mark.parametrize("code", sorted({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EFAULT}))

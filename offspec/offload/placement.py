@@ -4,7 +4,9 @@ Tiers, best first: "device" (resident), "ram" (a host copy, pinned on CUDA, copi
 (the packed file, read ahead every pass). Embeddings, final norm, LM head, the KV caches, the activations
 of the largest tree and the whole draft are resident and charged to the device budget first, then a ring of
 slots for streamed layers; what is left holds resident layers. Resident and RAM layers are spread evenly
-over the depth so that the link keeps streaming while resident layers compute.
+over the depth so that the link keeps streaming while resident layers compute. On a CPU, SSD files are read
+straight into the slots (offspec.offload.streamer): each slot then holds a whole packed file, and the staging
+budget buys more slots.
 
 On a CPU device the host RAM *is* the device: the device budget caps all of offspec's process memory
 (slots and SSD staging buffers included); the RAM tier is only used when a RAM budget is given.
@@ -150,6 +152,16 @@ def spread(n: int, k: int) -> list[int]:
     return [int((i + 0.5) * n / k) for i in range(k)] if k > 0 else []
 
 
+def stream_buffers(sizes: ModelSizes, config: OffloadConfig, host_is_device: bool, has_ssd: bool) -> tuple[int, int]:
+    """(ring bytes, staging bytes) the streamer allocates. On a CPU with layers on SSD it reads the files into
+    the slots (ring_slots + staging_buffers of them, a page-rounded file each); the split is kept for reports."""
+    if host_is_device and has_ssd:
+        file = page_round(sizes.file_bytes)
+        return config.ring_slots * file, config.staging_buffers * file
+    staging = config.staging_buffers * page_round(sizes.file_bytes) if has_ssd else 0
+    return config.ring_slots * max(sizes.layer_bytes), staging
+
+
 def _fit(sizes: list[int], candidates: list[int], room: int) -> list[int]:
     """The most evenly spread subset of `candidates` (indices into sizes) whose bytes fit in `room`."""
     k = len(candidates)
@@ -193,11 +205,11 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
     if resident + sum(layer) <= device_budget:
         return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, **base)
 
-    ring = config.ring_slots * max(layer)
-    staging = config.staging_buffers * page_round(sizes.file_bytes)
+    ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd=False)
+    ssd_ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd=True)
     room = device_budget - resident - ring
     if room < 0:
-        need = resident + ring + (staging if host_is_device and ram_budget < sum(layer) else 0)
+        need = resident + (ssd_ring + staging if host_is_device and ram_budget < sum(layer) else ring)
         raise OffspecError(
             f"device memory budget {format_size(device_budget)} is too small: the resident parts need "
             f"{format_size(resident)} (embeddings, LM head, KV caches, activations, draft, workspace) plus "
@@ -215,12 +227,12 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
     on_device, in_ram = place(room, ram_budget)
     if len(on_device) + len(in_ram) < n:  # some layers go to SSD: staging buffers are needed
         if host_is_device:
-            room -= staging
+            room -= staging + ssd_ring - ring
             if room < 0:
                 raise OffspecError(
                     f"device memory budget {format_size(device_budget)} is too small: resident parts, streaming "
-                    f"slots and SSD staging buffers need {format_size(resident + ring + staging)}; use --device-mem "
-                    f"{_suggest(resident + ring + staging)} or more, "
+                    f"slots and SSD staging buffers need {format_size(resident + ssd_ring + staging)}; use "
+                    f"--device-mem {_suggest(resident + ssd_ring + staging)} or more, "
                     f"give a --ram-mem for the streamed layers, or lower --max-context / --max-budget")
             on_device, in_ram = place(room, ram_budget)
         else:
@@ -230,15 +242,15 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
                     f"({format_size(staging)}); use --ram-mem {_suggest(staging)} or more")
             on_device, in_ram = place(room, ram_budget - staging)
     tiers = tuple("device" if i in on_device else "ram" if i in in_ram else "ssd" for i in range(n))
-    has_ssd = "ssd" in tiers
-    return Placement(tiers=tiers, ring_bytes=ring, staging_bytes=staging if has_ssd else 0, **base)
+    ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd="ssd" in tiers)
+    return Placement(tiers=tiers, ring_bytes=ring, staging_bytes=staging, **base)
 
 
 def forced(sizes: ModelSizes, device: torch.device, tiers: tuple[str, ...], config: OffloadConfig) -> Placement:
     """A placement with the given tiers (tests and benchmarks); budgets are reported as planned use."""
+    ring, staging = stream_buffers(sizes, config, device.type == "cpu", has_ssd="ssd" in tiers)
     p = Placement(device=device.type, tiers=tiers, sizes=sizes, device_budget=0, ram_budget=0,
-                  ring_bytes=config.ring_slots * max(sizes.layer_bytes) if any(t != "device" for t in tiers) else 0,
-                  staging_bytes=config.staging_buffers * page_round(sizes.file_bytes) if "ssd" in tiers else 0,
+                  ring_bytes=ring if any(t != "device" for t in tiers) else 0, staging_bytes=staging,
                   quant=config.quant, budget_source="forced",
                   bandwidth=dict(ASSUMED_BANDWIDTH.get(device.type, ASSUMED_BANDWIDTH["cpu"])))
     return replace(p, device_budget=p.device_bytes, ram_budget=p.host_bytes)

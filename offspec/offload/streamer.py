@@ -16,6 +16,12 @@ Job j uses slot j % N (N >= 2 ring slots). Three actors, each in order:
 Host-side waits happen only in the background threads and in `acquire` when the weights are not there yet
 (that time is the pass's io wait). On CPU the same classes run with `streams.Streams` doing plain copies.
 
+Where the device memory *is* host memory (CPU) and layers come from SSD, there is no staging copy: the files
+are read straight into the slots (page-aligned, O_DIRECT), each slot holding a whole packed file, and the
+staging budget buys more slots instead. Two **filler** threads then take jobs in order and read (or, for a
+RAM-tier layer, copy) into slot j % N as soon as job j - N is released: two reads in flight, which a disk
+serves faster than one, and no memcpy of every streamed byte competing with compute for the cores.
+
 Buffers are never reused or freed under a copy in flight: a slot's first fill waits for the compute queued
 before the ring was allocated (the allocator may hand out memory that queued kernels still read), a staging
 buffer is refilled only after the copy that read it, and `close()` drains the copy stream before it lets the
@@ -35,8 +41,11 @@ import torch
 
 from ..errors import OffspecError
 from .diskio import FileReader, aligned_empty
+from .hostmem import page_round
 from .packed import HEADER, LayerSpec, check_header, payload_crc
 from .streams import DONE, Event, Streams
+
+FILLERS = 2  # reads in flight when files are read straight into slots (the disk serves two faster than one)
 
 
 @dataclass
@@ -58,18 +67,26 @@ class _Pipeline:
         self.device, self.order, self.k = device, order, len(order)
         self.streams = streams or Streams(device)
         self.reader, self.set_id, self.verify, self.on_corrupt = reader, set_id, verify, on_corrupt
-        self.n = ring_slots
-        self.slot_bytes = max(s.spec.nbytes for s in order)
+        ssd = [s for s in order if s.path is not None]
+        # CPU with layers on SSD: files are read into the slots themselves (see the module docstring)
+        self.direct = bool(ssd) and self.streams.reads_into_slots
+        self.n = ring_slots + staging_buffers if self.direct else ring_slots
+        self.offset = HEADER if self.direct else 0  # where a slot's payload starts (after the file's header)
         with torch.no_grad():
-            # ring: n x (slot_bytes,) uint8 on the device; a layer's tensors are views into one slot
-            self.slots = [self.streams.empty(self.slot_bytes) for _ in range(self.n)]
+            if self.direct:
+                self.slot_bytes = page_round(max(s.spec.file_bytes for s in order))
+                # ring: n x (slot_bytes,) uint8 host buffers, page-aligned for O_DIRECT; a slot holds a whole file
+                self.slots = [aligned_empty(self.slot_bytes) for _ in range(self.n)]
+            else:
+                self.slot_bytes = max(s.spec.nbytes for s in order)
+                # ring: n x (slot_bytes,) uint8 on the device; a layer's tensors are views into one slot
+                self.slots = [self.streams.empty(self.slot_bytes) for _ in range(self.n)]
             # the slots' first fills wait for this: compute queued before the allocation may still use that memory
             self.allocated = self.streams.compute_done()
-            ssd = [s for s in order if s.path is not None]
             file_bytes = max((s.spec.file_bytes for s in ssd), default=0)
             # staging: m x (file_bytes,) uint8 host buffers, page-aligned (O_DIRECT), pinned (exact pages) on CUDA
             self.staging = [aligned_empty(file_bytes, pin=self.streams.pinned_staging, device=device)
-                            for _ in range(staging_buffers)] if ssd else []
+                            for _ in range(staging_buffers)] if ssd and not self.direct else []
         self.m = len(self.staging)
         self.closed = False
         self.cv = threading.Condition()
@@ -95,13 +112,19 @@ class _Pipeline:
         self.staging_free: list[Event] = [DONE] * self.m  # copy that last read each staging buffer
         self.compute_events: list[Event] = [self.allocated] * self.n  # a slot's previous user: none yet
         self.copy_events: list[Event] = [DONE] * self.n
+        self.next_job = 0  # direct reads: the next job a filler takes
+        self.filled: set[int] = set()  # direct reads: jobs filled out of order (ahead of `issued`)
         self.error: Optional[BaseException] = None
         self.stop = False
 
     def start(self) -> None:
-        self.threads = [threading.Thread(target=self._copier, name="offspec-copier", daemon=True)]
-        if self.m:
-            self.threads.append(threading.Thread(target=self._reader, name="offspec-reader", daemon=True))
+        if self.direct:
+            self.threads = [threading.Thread(target=self._filler, name=f"offspec-filler-{i}", daemon=True)
+                            for i in range(min(FILLERS, self.n))]
+        else:
+            self.threads = [threading.Thread(target=self._copier, name="offspec-copier", daemon=True)]
+            if self.m:
+                self.threads.append(threading.Thread(target=self._reader, name="offspec-reader", daemon=True))
         for t in self.threads:
             t.start()
 
@@ -165,6 +188,40 @@ class _Pipeline:
                         self.ready[job] = b
                         self.cv.notify_all()
                     job, b = job + 1, (b + 1) % self.m
+        except BaseException as exc:  # surfaced to the model's thread by `acquire`
+            self._fail(exc)
+
+    def _filler(self) -> None:
+        """Direct reads (CPU): take the next job, wait for its slot, read its file (or copy its RAM payload) into it."""
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self.cv:
+                        while not self.stop and self.next_job - self.released >= self.n:  # slot still in use
+                            self.cv.wait()
+                        if self.stop:
+                            return
+                        job = self.next_job
+                        self.next_job += 1
+                    src, slot = self.source(job), self.slots[job % self.n]
+                    t0 = time.perf_counter()
+                    if src.path is not None:
+                        self.reader.read(src.path, slot, src.spec.file_bytes)
+                        self._check(src, slot)
+                    else:
+                        slot[HEADER : HEADER + src.spec.nbytes].copy_(src.ram)  # (nbytes,) RAM tier: a memcpy
+                    seconds = time.perf_counter() - t0
+                    with self.cv:
+                        if src.path is not None:
+                            self.read_seconds += seconds
+                            self.read_bytes += src.spec.file_bytes
+                        else:
+                            self.copy_seconds += seconds
+                        self.filled.add(job)
+                        while self.issued in self.filled:  # `acquire` sees jobs ready in order
+                            self.filled.discard(self.issued)
+                            self.issued += 1
+                        self.cv.notify_all()
         except BaseException as exc:  # surfaced to the model's thread by `acquire`
             self._fail(exc)
 
@@ -267,7 +324,7 @@ class LayerStreamer:
         p.holding = True
         spec = p.source(job).spec
         p.bytes_total += spec.nbytes
-        return p.slots[slot][: spec.nbytes]
+        return p.slots[slot][p.offset : p.offset + spec.nbytes]
 
     def release(self, layer: int) -> None:
         """After `layer`'s forward was queued: its slot may be refilled once that compute is done."""
@@ -302,7 +359,7 @@ class LayerStreamer:
         bytes_total, wait = self.counters()
         return {"bytes_streamed": bytes_total, "wait_seconds": wait, "read_bytes": p.read_bytes,
                 "read_seconds": p.read_seconds, "copy_seconds": p.copy_seconds, "read_mode": self.reader.mode,
-                "ring_slots": p.n, "staging_buffers": p.m, "slot_bytes": self.slot_bytes}
+                "ring_slots": p.n, "staging_buffers": p.m, "slot_bytes": self.slot_bytes, "direct_to_slots": p.direct}
 
     def close(self) -> None:
         """Stop streaming and release the ring slots, the (pinned) staging buffers and the RAM-tier copies, once

@@ -43,6 +43,8 @@ class Streams:
         self.device = device
         self.cuda = device.type == "cuda"
         self.pinned_staging = self.cuda  # host staging buffers are page-locked (DMA-able) on CUDA
+        # CPU: the device memory is host memory, so SSD files can be read straight into the ring slots
+        self.reads_into_slots = not self.cuda
         self.copy_stream = torch.cuda.Stream(device=device) if self.cuda else None
         self._stalls: list[tuple] = []  # CUDA: (before, after) timing events around compute-side waits
         self.stall_seconds = 0.0  # resolved GPU-side waits
