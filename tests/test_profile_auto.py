@@ -12,7 +12,7 @@ import pytest
 import offspec
 from offspec import OffspecError
 from offspec.profile.cli import profile_main
-from offspec.profile.store import find_profile, load_profile
+from offspec.profile.store import find_profile, fingerprint, load_profile, save_profile
 
 ROOT = Path(__file__).parent.parent
 
@@ -93,6 +93,29 @@ def test_auto_budget_uses_the_matching_profile(quick_profile, tiny_dirs, monkeyp
     gen.tree = saved
     assert gen.generate("Hello", max_new_tokens=8).passes[0].budget == (gen.policy.plan.best.budget if speculates
                                                                         else unplanned)
+
+
+def test_auto_budget_says_when_the_profile_was_measured_with_other_cpu_kernels(quick_profile, tiny_dirs, tmp_path,
+                                                                            monkeypatch):
+    """A kernel change makes a profile's timings stale: it is not used, and the load says why and what to do."""
+    _, root = quick_profile
+    data = load_profile(next((root / "config" / "profiles").glob("*.json")))
+    assert data["key"]["models"]["kernels"] in ("torch",) or data["key"]["models"]["kernels"].startswith("compiled ")
+    data["key"]["models"]["kernels"] = "compiled 000000000000"  # measured with an older build
+    data["fingerprint"] = fingerprint(data["key"])
+    stale = save_profile(data, tmp_path / "config" / "profiles" / f"{data['fingerprint']}.json")
+    other = dict(data, key={**data["key"], "models": {**data["key"]["models"], "target": "another model"}})
+    other["fingerprint"] = fingerprint(other["key"])
+    save_profile(other, tmp_path / "config" / "profiles" / f"{other['fingerprint']}.json")  # not this pair: not named
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))
+    target, draft = tiny_dirs[("qwen2", 1)]
+    events = []
+    gen = offspec.load(str(target), str(draft), max_context=512, progress=events.append)
+    extra = gen.info.extra
+    assert extra["budget_source"] == "estimate"
+    assert f"profile {stale} was measured with another build of offspec's CPU kernels" in extra["budget_basis"]
+    notes = [e.message for e in events if e.step == "stale-profile"]
+    assert len(notes) == 1 and str(stale) in notes[0] and "run `offspec profile`" in notes[0]
 
 
 def test_auto_budget_without_profile_estimates_at_start_up(tiny_dirs, config_dir):

@@ -9,7 +9,8 @@ from typing import Optional, Sequence
 
 from offspec.types import ModelInfo
 
-from .history import DONE, StoredMessage
+from .history import StoredMessage
+from .history_base import DONE
 
 EXPORT_DIRNAME = "exports"
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}

@@ -25,6 +25,9 @@ from typing import Iterator, Optional
 
 from offspec.errors import OffspecError
 
+from .history_base import DONE, INTERRUPTED, STREAMING, HistoryDamaged, HistoryError
+from .history_repair import recover
+
 DB_FILENAME = "history.sqlite3"
 
 # Each version's statements upgrade the schema from the previous version. Never edit a released
@@ -52,10 +55,6 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
-
-# Message status values.
-DONE, STREAMING, CANCELLED, INTERRUPTED, ERROR = "done", "streaming", "cancelled", "interrupted", "error"
-
 
 @dataclass(frozen=True)
 class Chat:
@@ -88,14 +87,6 @@ def _message(row: sqlite3.Row) -> StoredMessage:
         stats = {}
     return StoredMessage(row["id"], row["chat_id"], row["role"], row["content"], row["status"], stats,
                          row["created_at"])
-
-
-class HistoryError(OffspecError):
-    """The history database failed (full disk, read-only, damaged): a one-line reason that says what to do."""
-
-
-class HistoryDamaged(HistoryError):
-    """The database file is damaged (SQLite reports it malformed or not a database)."""
 
 
 _CORRUPT_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
@@ -204,8 +195,6 @@ class HistoryStore:
         try:
             return cls(path)
         except HistoryDamaged as damage:
-            from .history_repair import recover
-
             return recover(cls, path, str(damage))
 
     def close(self) -> None:

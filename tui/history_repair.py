@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from .history import CANCELLED, DONE, ERROR, INTERRUPTED, STREAMING, HistoryError
+from .history_base import CANCELLED, DONE, ERROR, INTERRUPTED, STREAMING, HistoryError
 
 JOURNALS = ("-wal", "-shm")
 MAX_QUERIES = 20_000  # bisection reads per table, so a badly damaged file cannot keep the chat from starting

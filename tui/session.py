@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional, TypeVar
 
-from .history import CANCELLED, DONE, ERROR, STREAMING, Chat, HistoryError, HistoryStore, StoredMessage
+from .history import Chat, HistoryStore, StoredMessage
+from .history_base import CANCELLED, DONE, ERROR, STREAMING, HistoryError
 from .settings import ChatSettings
 
 SETTINGS_KEY = "chat_settings"

@@ -38,14 +38,19 @@ def _simd_flags() -> list[str]:
     return []
 
 
-def _build_id(flags: list[str]) -> str:
+def _source_id(flags: list[str]) -> str:
+    """What the kernels compute and how fast: their sources, compiler flags, torch and Python versions."""
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((CSRC / name).read_bytes())
-    # the sources' place too: torch writes it into the build file, and two checkouts sharing one build dir would
-    # rebuild it in turn, one process rewriting the library while another loads it
-    h.update(" ".join(flags + [torch.__version__, platform.python_version(), str(CSRC.resolve())]).encode())
+    h.update(" ".join(flags + [torch.__version__, platform.python_version()]).encode())
     return h.hexdigest()[:12]
+
+
+def _build_id(flags: list[str]) -> str:
+    """The build directory's name: the source id and the sources' place (torch writes it into the build file, and
+    two checkouts sharing one build dir would rebuild it in turn, one rewriting the library another loads)."""
+    return hashlib.sha256(f"{_source_id(flags)} {CSRC.resolve()}".encode()).hexdigest()[:12]
 
 
 def _compile(progress: ProgressFn) -> Any:
@@ -103,10 +108,11 @@ def compiled() -> Any:
 
 def kernel_build() -> str:
     """What computes low-bit weights on a CPU, for profile fingerprints: "compiled <build id>" (the sources,
-    flags and torch version: new kernels mean new timings) or "torch" (the fallback)."""
+    flags and torch version: new kernels mean new timings; not where they are installed) or "torch" (the
+    fallback)."""
     if compiled() is None:
         return "torch"
-    return f"compiled {_build_id(_simd_flags())}"
+    return f"compiled {_source_id(_simd_flags())}"
 
 
 def kernel_status() -> str:

@@ -26,7 +26,7 @@ from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
 from .planner import PairCosts, PlannerConfig
 from .schema import ACCEPTANCE_FILE_SCHEMA, validate
-from .store import acceptance_curves, costs_of, find_profile, load_profile, profile_key
+from .store import acceptance_curves, costs_of, find_profile, load_profile, profile_key, stale_profiles
 from .timing import PassTimer, SweepConfig, sweep, timed
 
 # The start-up estimate: few sizes, one call each, a hard time cap (the load's warm-up already ran).
@@ -109,7 +109,8 @@ def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] =
     """Plan the tree of a freshly loaded generator and attach the adaptive policy (see the module doc)."""
     progress = progress or no_progress
     progress(ProgressEvent("budget", "choosing the tree budget", 0, 1))
-    path = find_profile(pair_key(generator, load_cfg))
+    key = pair_key(generator, load_cfg)
+    path = find_profile(key)
     curves, pair = prior_curves()
     if path is not None:
         data = load_profile(path)
@@ -128,6 +129,12 @@ def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] =
         source = "estimate"
         basis = (f"start-up estimate: {detail}; acceptance: prior curves measured with {pair}; "
                  f"run `offspec profile` to measure this pair")
+        stale = stale_profiles(key)
+        if stale:  # measured before the CPU kernels changed: say why it is not used
+            note = (f"profile {stale[-1]} was measured with another build of offspec's CPU kernels, so its timings "
+                    f"are not used; run `offspec profile` to measure this build")
+            basis += f"; {note}"
+            progress(ProgressEvent("stale-profile", note, 1, 1, finished=True))
     default = generator.tree.drafter
     policies = {}
     for mode in generator.engine.drafter.modes:  # a plan per drafter: `generate(..., drafter=...)` uses its own

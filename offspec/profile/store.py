@@ -85,6 +85,25 @@ def find_profile(key: dict) -> Optional[Path]:
     return path if path.is_file() else None
 
 
+def _without_kernels(key: Any) -> str:
+    models = {k: v for k, v in dict(key.get("models") or {}).items() if k != "kernels"}
+    return json.dumps(_canonical({**key, "models": models}), sort_keys=True)
+
+
+def stale_profiles(key: dict) -> list[Path]:
+    """Saved profiles of this machine, pair and placement measured with another build of the CPU kernels (their
+    timings no longer hold, so `find_profile` does not match them; `offspec profile` measures again)."""
+    want, found = _without_kernels(key), []
+    for path in sorted(profiles_dir().glob("*.json")) if profiles_dir().is_dir() else []:
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8")).get("key")
+        except (OSError, ValueError, AttributeError):
+            continue  # unreadable or not a profile: `offspec profile` and `find_profile` report those
+        if isinstance(saved, dict) and saved != key and _without_kernels(saved) == want:
+            found.append(path)
+    return found
+
+
 def read_json(path: Path, what: str = "profile") -> Any:
     path = Path(path)
     try:
