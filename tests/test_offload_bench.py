@@ -7,12 +7,12 @@ from offspec.offload.bench import main
 
 def test_bench_offload_writes_json_and_plot(tiny_dirs, tmp_path, capsys, monkeypatch):
     import offspec.offload.bench as bench
-    import offspec.offload.model as model
+    import offspec.offload.materialize as materialize
     from tiny import save_tiny_model
 
     streamers, closed_when_accelerate_loads = [], []
 
-    class Recorded(model.LayerStreamer):
+    class Recorded(materialize.LayerStreamer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             streamers.append(self)
@@ -22,7 +22,7 @@ def test_bench_offload_writes_json_and_plot(tiny_dirs, tmp_path, capsys, monkeyp
         return real_accelerate_model(*args, **kwargs)
 
     real_accelerate_model = bench.accelerate_model
-    monkeypatch.setattr(model, "LayerStreamer", Recorded)
+    monkeypatch.setattr(materialize, "LayerStreamer", Recorded)
     monkeypatch.setattr(bench, "accelerate_model", accelerate_model)
 
     target = save_tiny_model(tmp_path / "target", layers=6, hidden=256)  # 2.4 MB per layer

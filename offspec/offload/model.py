@@ -7,21 +7,20 @@ checkpoint that is quantized or does not fit.
 2. sizes from it -> a `Placement` (reported as a "placement" progress event);
 3. the packed store: a converted GGUF's own (layers, `other` and `embed` payloads), or one built once from the
    float checkpoint ("pack"/"quantize" events; with int4/int8 also the LM head and token table);
-4. materializing: the resident parts (the `other` payload, or the checkpoint's non-layer tensors), the token
-   table memory-mapped from `embed.bin` (only the rows a pass asks for are read), resident layers bound to
-   buffers, RAM-tier layers read into (pinned) host buffers, and a `LayerStreamer` with forward hooks for the rest.
+4. materializing (materialize.py): the resident parts (the `other` payload, or the checkpoint's non-layer
+   tensors), the token table memory-mapped from `embed.bin` (only the rows a pass asks for are read), resident
+   layers bound to buffers, RAM-tier layers read into (pinned) host buffers, and a `LayerStreamer` with forward
+   hooks for the rest.
 Nothing here puts a whole model in memory, or any weight in a float format it was not stored in.
 """
 
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -30,16 +29,15 @@ from ..formats.modules import QEmbedding, QLinear, weight_format_summary
 from ..formats.quantize import quantize_rows
 from ..paths import cache_dir
 from ..progress import ProgressEvent, ProgressFn, no_progress
-from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_linears
 from .checkpoint import Checkpoint
 from .config import WORKSPACE, OffloadConfig
-from .diskio import FileReader, aligned_empty
 from .estimates import draft_headroom, target_headroom
-from .packed import HEADER, LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corrupt, open_store, payload_crc
+from .packed import LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corrupt, open_store
 from .placement import ModelSizes, Placement, forced, plan_placement
 from .quant import BLOCKSIZE, quantize_weight
 from .skeleton import Skeleton, from_checkpoint, from_store
-from .streamer import LayerSource, LayerStreamer
+from .materialize import _Corrupt, _materialize, _owner
+from .streamer import LayerStreamer
 
 
 @dataclass
@@ -62,10 +60,6 @@ class OffloadHandle:
 
 class StoreDamaged(OffspecError):
     """A converted GGUF's weight store failed a checksum while loading; its entry was marked for a rebuild."""
-
-
-class _Corrupt(Exception):
-    pass
 
 
 def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_bytes: int,
@@ -107,11 +101,6 @@ def packed_location(ck: Checkpoint, dtype: torch.dtype, quant: str, root: Option
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", ck.name)[:60]
     root = Path(root) if root else cache_dir() / "offload"
     return root / f"{slug}-{key['source'][:12]}-{key['dtype']}-{quant}", key
-
-
-def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    owner_name, _, attr = name.rpartition(".")
-    return (model.get_submodule(owner_name) if owner_name else model), attr
 
 
 def _stored_tensors(root: nn.Module, spec: LayerSpec, read: Callable[[str], torch.Tensor], dtype: torch.dtype,
@@ -158,148 +147,6 @@ def ensure_packed(sk: Skeleton, ck: Checkpoint, dtype: torch.dtype, config: Offl
 
 
 # --- materializing -------------------------------------------------------------------------------
-def _set(model: nn.Module, name: str, value: torch.Tensor, dtype: Optional[torch.dtype] = None) -> None:
-    """Bind `value` as `name`'s parameter (converted to the compute `dtype`, see binding.as_compute) or buffer."""
-    owner, attr = _owner(model, name)
-    if attr in owner._parameters:
-        value = as_compute(value, dtype)
-        owner._parameters[attr] = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
-    else:
-        owner._buffers[attr] = value
-
-
-def _move_buffers(model: nn.Module, device: torch.device) -> None:
-    for module in model.modules():  # non-persistent buffers (rotary tables) were built on the CPU
-        if isinstance(module, QEmbedding):
-            continue  # its table stays where it was mapped
-        for name, buf in list(module._buffers.items()):
-            if buf is not None and not buf.is_meta and buf.device != device:
-                module._buffers[name] = buf.to(device)
-
-
-def _load_checkpoint_parts(sk: Skeleton, ck: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
-    """Embeddings, final norm, LM head (and any other non-layer tensor) from the checkpoint onto the device."""
-    model = sk.model
-    tie = getattr(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config,
-                  "tie_word_embeddings", False)
-    out_emb = model.get_output_embeddings()
-    keys = [k for k in model.state_dict(keep_vars=True) if not k.startswith(sk.prefix)]
-    for key in sorted(keys, key=lambda k: k not in ck):  # one tensor at a time; tied ones (absent) last
-        owner, attr = _owner(model, key)
-        if key in ck:
-            t = ck.read(key)
-            t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-        elif tie and owner is out_emb and attr == "weight":
-            t = model.get_input_embeddings().weight  # tied LM head: the same tensor
-        else:
-            raise OffspecError(f"cannot offload {ck.name}: its checkpoint has no tensor {key!r}")
-        _set(model, key, t)
-        del t
-
-
-def _read_payload(reader: FileReader, path: Path, spec: LayerSpec, into: torch.Tensor) -> torch.Tensor:
-    """Read a packed file into `into` ((file_bytes,) host); returns its payload view; _Corrupt on a bad crc."""
-    reader.read(path, into, spec.file_bytes)
-    payload = into[HEADER : HEADER + spec.nbytes]
-    if payload_crc(payload) != spec.crc32:
-        raise _Corrupt(f"{path}: checksum mismatch")
-    return payload
-
-
-def _file_crc(path: Path, spec: LayerSpec) -> int:
-    """crc32 of a packed file's payload, read in chunks without keeping its pages cached."""
-    import os
-
-    crc, done = 0, 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while done < spec.nbytes:
-            chunk = os.pread(fd, min(8 * 2**20, spec.nbytes - done), HEADER + done)
-            if not chunk:
-                break
-            crc = zlib.crc32(chunk, crc)
-            done += len(chunk)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return crc & 0xFFFFFFFF
-
-
-def _bind_payload(model: nn.Module, spec: LayerSpec, payload: torch.Tensor, dtype: torch.dtype) -> None:
-    for name, view in LayerBinding.views(payload, spec).items():
-        _set(model, name, view, dtype)
-
-
-def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, device: torch.device,
-                       dtype: torch.dtype, config: OffloadConfig) -> None:
-    """The resident `other` payload (checked), and the token table memory-mapped from `embed.bin`."""
-    spec = packed.extras["other"]
-    payload = _read_payload(reader, packed.extra_path("other"), spec, aligned_empty(spec.file_bytes))
-    if device.type != "cpu":
-        payload = payload.to(device)  # (nbytes,) uint8: LM head and final norm stay resident on the device
-    _bind_payload(sk.model, spec, payload, dtype)
-    emb = sk.model.get_input_embeddings()
-    if "embed" in packed.extras:
-        espec = packed.extras["embed"]
-        path = packed.extra_path("embed")
-        if config.verify != "never" and _file_crc(path, espec) != espec.crc32:
-            raise _Corrupt(f"{path}: checksum mismatch")
-        mapped = np.memmap(path, dtype=np.uint8, mode="c", offset=HEADER, shape=(espec.nbytes,))
-        _bind_payload(sk.model, espec, torch.from_numpy(mapped), dtype)  # host pages, read only where asked
-    if sk.tied:
-        sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
-
-
-def _materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, placement: Placement, device: torch.device,
-                 dtype: torch.dtype, config: OffloadConfig, progress: ProgressFn, name: str) -> Optional[LayerStreamer]:
-    reader = FileReader(config.direct_io)
-    if sk.complete_store:
-        _load_store_extras(sk, packed, reader, device, dtype, config)
-    else:
-        _load_checkpoint_parts(sk, ck, device, dtype)
-    _move_buffers(sk.model, device)
-    cuda = device.type == "cuda"
-    # (file_bytes,) host buffer for the resident layers' reads; pageable: nothing stays pinned after loading (issue 12)
-    staging = aligned_empty(max(s.file_bytes for s in packed.layers)) if cuda else None
-    sources, bindings = [], []
-    n = len(sk.layers)
-    for i, (layer, tier) in enumerate(zip(sk.layers, placement.tiers)):
-        progress(ProgressEvent("load", f"loading {name}", i, n))
-        spec = packed.layers[i]
-        binding = LayerBinding(layer, spec, dtype)
-        if tier == "device":
-            if cuda:
-                payload = torch.empty(spec.nbytes, dtype=torch.uint8, device=device)  # (nbytes,) resident layer
-                payload.copy_(_read_payload(reader, packed.path(i), spec, staging))  # blocking: staging is reused
-            else:  # host memory is the device
-                payload = _read_payload(reader, packed.path(i), spec, aligned_empty(spec.file_bytes))
-            binding.bind(payload)
-        elif tier == "ram":
-            buf = aligned_empty(spec.file_bytes, pin=cuda, device=device)  # (file_bytes,) host copy, pinned on CUDA
-            sources.append(LayerSource(i, spec, ram=_read_payload(reader, packed.path(i), spec, buf)))
-            bindings.append(binding)
-        else:
-            if not any(s.path for s in sources):
-                reader.probe(packed.path(i))  # O_DIRECT, or buffered where the file system refuses it
-            sources.append(LayerSource(i, spec, path=packed.path(i)))
-            bindings.append(binding)
-        if device.type == "cpu" and dtype == torch.float32:
-            skinny_cpu_linears(layer)  # float layers only: low-bit ones use offspec's kernels
-    progress(ProgressEvent("load", f"loading {name}", n, n, finished=True))
-    if not sources:
-        return None
-
-    def on_corrupt() -> str:
-        mark_corrupt(packed.directory)
-        return f"the set in {packed.directory} will be rebuilt on the next start"
-
-    streamer = LayerStreamer(device, sources, ring_slots=config.ring_slots, staging_buffers=config.staging_buffers,
-                             reader=reader, set_id=packed.set_id, verify=config.verify, on_corrupt=on_corrupt)
-    for src, binding in zip(sources, bindings):
-        attach_streaming(sk.layers[src.index], src.index, streamer, binding)
-    return streamer
-
 
 def _open_source(resolved: Any, dtype: torch.dtype, attn_implementation: str, config: OffloadConfig,
                  device: torch.device) -> tuple[Skeleton, Optional[Checkpoint], Optional[PackedSet]]:
