@@ -118,6 +118,28 @@ def test_find_profile_in_the_config_dir(tmp_path, monkeypatch):
     assert store.find_profile(data["key"]) == tmp_path / "profiles" / f"{data['fingerprint']}.json"
 
 
+def test_stale_profiles_are_those_of_another_kernel_build_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path))
+    hw = {"device_type": "cpu", "device_name": "Test CPU"}
+    key = store.profile_key(hw, {"target": "t", "draft": "d", "kernels": "compiled new"}, None)
+    assert store.stale_profiles(key) == []  # no profiles dir yet
+
+    def saved(models, placement=None):
+        data = measured_profile()
+        data["key"] = store.profile_key(hw, models, placement)
+        data["fingerprint"] = store.fingerprint(data["key"])
+        return store.save_profile(data, store.profile_path(data["key"]))
+
+    old = saved({"target": "t", "draft": "d", "kernels": "compiled old"})
+    saved({"target": "t", "draft": "d", "kernels": "compiled new"})  # the current one: found by find_profile instead
+    saved({"target": "other", "draft": "d", "kernels": "compiled old"})  # another pair
+    saved({"target": "t", "draft": "d", "kernels": "compiled old"}, {"device": "cpu", "tiers": ["ssd"]})  # placed
+    (tmp_path / "profiles" / "broken.json").write_text("{not json")
+    (tmp_path / "profiles" / "list.json").write_text("[1, 2]")
+    (tmp_path / "profiles" / "odd.json").write_text(json.dumps({"key": {"models": ["t"]}}))
+    assert store.stale_profiles(key) == [old]
+
+
 def test_shipped_reference_profiles_are_valid_and_documented():
     files = store.reference_profiles()
     stems = {p.stem for p in files}

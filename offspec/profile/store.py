@@ -85,8 +85,10 @@ def find_profile(key: dict) -> Optional[Path]:
     return path if path.is_file() else None
 
 
-def _without_kernels(key: Any) -> str:
-    models = {k: v for k, v in dict(key.get("models") or {}).items() if k != "kernels"}
+def _without_kernels(key: dict) -> str:
+    """A profile key as text, leaving out which build of the CPU kernels it was measured with."""
+    models = key.get("models")
+    models = {k: v for k, v in models.items() if k != "kernels"} if isinstance(models, dict) else models
     return json.dumps(_canonical({**key, "models": models}), sort_keys=True)
 
 
