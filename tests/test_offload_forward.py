@@ -5,11 +5,11 @@ import torch
 
 from offspec import OffspecError
 from offspec.cpu_linear import speed_up_cpu_linears
+from offspec.doctor.logits import passes as _passes  # a causal prefill, then a 5-node tree: both logits
 from offspec.loading import load_model
 from offspec.offload.config import OffloadConfig
 from offspec.offload.model import load_offloaded
 from offspec.offload.quant import dequantize_weight, quantize_weight
-from offspec.runner import ModelRunner
 from offspec.sources import ResolvedModel
 
 CPU = torch.device("cpu")
@@ -55,28 +55,6 @@ def _offloaded(path, tmp_path, tiers, dtype=torch.float32, progress=None, **cfg)
                                    config=config, tiers=tiers, progress=progress or (lambda e: None))
     speed_up_cpu_linears(model)  # as offspec.load does (resident linears; streamed ones already have it)
     return model, handle
-
-
-def _passes(model) -> list[torch.Tensor]:
-    """A causal prefill of 9 tokens, then a 5-node tree (siblings share positions): the logits of both."""
-    runner = ModelRunner(model, capacity=64)
-    ids = torch.tensor([5, 9, 33, 70, 71, 72, 100, 3, 44])  # (9,)
-    q = len(ids)
-    pos = torch.arange(q)
-    out = [runner.logits(runner.forward(ids, pos, pos, torch.ones(q, q, dtype=torch.bool).tril()))]
-    runner.cache.length = q
-    tree = torch.tensor([50, 60, 61, 62, 70])  # root, two children of the root, a grandchild, ...
-    parents = [-1, 0, 0, 1, 3]
-    depth = torch.tensor([0, 1, 1, 2, 3])
-    visible = torch.zeros(5, q + 5, dtype=torch.bool)  # (5, q + 5)
-    visible[:, :q] = True
-    for i in range(5):
-        j = i
-        while j >= 0:
-            visible[i, q + j] = True
-            j = parents[j]
-    out.append(runner.logits(runner.forward(tree, q + depth, torch.arange(q, q + 5), visible)))
-    return out
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

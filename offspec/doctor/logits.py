@@ -34,7 +34,8 @@ def save_random_llama(path: Path, seed: int = 0) -> Path:
 
 
 def passes(model) -> list[torch.Tensor]:
-    """Logits of a 9-token causal prefill, then of a 5-node tree over it."""
+    """Logits of a 9-token causal prefill, then of a 5-node tree over it (siblings share positions), in the
+    model's dtype, on the host (also what tests/test_offload_forward.py compares)."""
     from ..runner import ModelRunner
 
     runner = ModelRunner(model, capacity=64)
@@ -43,7 +44,7 @@ def passes(model) -> list[torch.Tensor]:
     q = len(ids)
     pos = torch.arange(q, device=device)  # (q,)
     causal = torch.ones(q, q, dtype=torch.bool, device=device).tril()  # (q, q)
-    out = [runner.logits(runner.forward(ids, pos, pos, causal)).float().cpu()]
+    out = [runner.logits(runner.forward(ids, pos, pos, causal)).cpu()]
     runner.cache.length = q
     tree = torch.tensor([50, 60, 61, 62, 70], device=device)  # (5,) root, two children of it, a grandchild, ...
     parents = [-1, 0, 0, 1, 3]
@@ -56,7 +57,7 @@ def passes(model) -> list[torch.Tensor]:
             visible[i, q + j] = True
             j = parents[j]
     slots = torch.arange(q, q + 5, device=device)  # (5,)
-    out.append(runner.logits(runner.forward(tree, q + depth, slots, visible)).float().cpu())
+    out.append(runner.logits(runner.forward(tree, q + depth, slots, visible)).cpu())
     return out
 
 
@@ -82,7 +83,7 @@ def compare(device: torch.device, dtype: torch.dtype, workdir: Path) -> dict:
         streamed_bytes = handles[1].streamer.counters()[0]
     finally:
         handles[1].streamer.close()
-    diff = max(float((a - b).abs().max()) for a, b in zip(got, want))
+    diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, want))
     return {"equal": all(torch.equal(a, b) for a, b in zip(got, want)), "max_difference": diff,
             "tiers": list(TIERS), "bytes_streamed": streamed_bytes, "dtype": str(dtype).removeprefix("torch.")}
 
