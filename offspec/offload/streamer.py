@@ -45,7 +45,9 @@ from .hostmem import page_round
 from .packed import HEADER, LayerSpec, check_header, payload_crc
 from .streams import DONE, Event, Streams
 
-FILLERS = 2  # reads in flight when files are read straight into slots (the disk serves two faster than one)
+# reads in flight when files are read straight into slots: this VM's disk gave 0.75-0.89 GB/s with two O_DIRECT
+# readers against 0.63-0.81 with one (docs/measurements/2026-11-23d)
+FILLERS = 2
 
 
 @dataclass
