@@ -27,18 +27,18 @@ from .skeleton import Skeleton
 from .streamer import LayerSource, LayerStreamer
 
 
-def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+def owner_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     owner_name, _, attr = name.rpartition(".")
     return (model.get_submodule(owner_name) if owner_name else model), attr
 
 
-class _Corrupt(Exception):
+class CorruptPart(Exception):
     """A resident part of the store failed its checksum (the caller rebuilds the store, or says it is damaged)."""
 
 
 def _set(model: nn.Module, name: str, value: torch.Tensor, dtype: Optional[torch.dtype] = None) -> None:
     """Bind `value` as `name`'s parameter (converted to the compute `dtype`, see binding.as_compute) or buffer."""
-    owner, attr = _owner(model, name)
+    owner, attr = owner_of(model, name)
     if attr in owner._parameters:
         value = as_compute(value, dtype)
         owner._parameters[attr] = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
@@ -63,7 +63,7 @@ def _load_checkpoint_parts(sk: Skeleton, ck: Checkpoint, device: torch.device, d
     out_emb = model.get_output_embeddings()
     keys = [k for k in model.state_dict(keep_vars=True) if not k.startswith(sk.prefix)]
     for key in sorted(keys, key=lambda k: k not in ck):  # one tensor at a time; tied ones (absent) last
-        owner, attr = _owner(model, key)
+        owner, attr = owner_of(model, key)
         if key in ck:
             t = ck.read(key)
             t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
@@ -76,11 +76,11 @@ def _load_checkpoint_parts(sk: Skeleton, ck: Checkpoint, device: torch.device, d
 
 
 def _read_payload(reader: FileReader, path: Path, spec: LayerSpec, into: torch.Tensor) -> torch.Tensor:
-    """Read a packed file into `into` ((file_bytes,) host); returns its payload view; _Corrupt on a bad crc."""
+    """Read a packed file into `into` ((file_bytes,) host); returns its payload view; CorruptPart on a bad crc."""
     reader.read(path, into, spec.file_bytes)
     payload = into[HEADER : HEADER + spec.nbytes]
     if payload_crc(payload) != spec.crc32:
-        raise _Corrupt(f"{path}: checksum mismatch")
+        raise CorruptPart(f"{path}: checksum mismatch")
     return payload
 
 
@@ -122,14 +122,14 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
         espec = packed.extras["embed"]
         path = packed.extra_path("embed")
         if config.verify != "never" and _file_crc(path, espec) != espec.crc32:
-            raise _Corrupt(f"{path}: checksum mismatch")
+            raise CorruptPart(f"{path}: checksum mismatch")
         mapped = np.memmap(path, dtype=np.uint8, mode="c", offset=HEADER, shape=(espec.nbytes,))
         _bind_payload(sk.model, espec, torch.from_numpy(mapped), dtype)  # host pages, read only where asked
     if sk.tied:
         sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
 
 
-def _materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, placement: Placement, device: torch.device,
+def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, placement: Placement, device: torch.device,
                  dtype: torch.dtype, config: OffloadConfig, progress: ProgressFn, name: str) -> Optional[LayerStreamer]:
     reader = FileReader(config.direct_io)
     if sk.complete_store:

@@ -36,7 +36,7 @@ from .packed import LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corru
 from .placement import ModelSizes, Placement, forced, plan_placement
 from .quant import BLOCKSIZE, quantize_weight
 from .skeleton import Skeleton, from_checkpoint, from_store
-from .materialize import _Corrupt, _materialize, _owner
+from .materialize import CorruptPart, materialize, owner_of
 from .streamer import LayerStreamer
 
 
@@ -109,7 +109,7 @@ def _stored_tensors(root: nn.Module, spec: LayerSpec, read: Callable[[str], torc
     (checkpoint names relative to `root`)."""
     nf4_done = set()
     for t in spec.tensors:
-        owner, attr = _owner(root, t.name)
+        owner, attr = owner_of(root, t.name)
         if isinstance(owner, (QLinear, QEmbedding)) and attr == "qweight":
             src = read(t.name.removesuffix(".qweight") + ".weight")
             yield t.name, quantize_rows(src, t.ggml)  # ggml blocks (int4 -> Q4_1, int8 -> Q8_0)
@@ -222,15 +222,15 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
     if packed is None:
         packed = ensure_packed(sk, ck, dtype, config, device, progress)
     try:
-        streamer = _materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
-    except _Corrupt as exc:  # a resident part failed its checksum
+        streamer = materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
+    except CorruptPart as exc:  # a resident part failed its checksum
         if ck is None:
             _damaged(resolved, str(exc))
         sk = from_checkpoint(Path(resolved.path), dtype, attn_implementation, config.quant, device, set(ck.where))
         packed = ensure_packed(sk, ck, dtype, config, device, progress, rebuild=True)
         try:
-            streamer = _materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
-        except _Corrupt as exc2:
+            streamer = materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
+        except CorruptPart as exc2:
             raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc2}); "
                                f"check the disk, or use another --offload-dir") from None
     trim_heap()  # packing and loading freed many temporaries
