@@ -1,6 +1,6 @@
 """The contract and the places shared by the fault-injection tests (tests/test_faults.py and
-tests/test_faults_history.py): run a command, check it ended in one error line, find temps left behind,
-make a directory read-only or a disk full."""
+tests/test_faults_history.py) and the source tests: run a command, check it ended in one error line (or that
+an exception is one line), find temps left behind, make a directory read-only or a disk full."""
 
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ def assert_one_line_error(proc, *needles):
     for needle in needles:
         assert needle in errors[0], errors[0]
     return errors[0]
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    """The text of a raised error, checked to be one line."""
+    text = str(exc.value)
+    assert "\n" not in text, f"error is not one line: {text!r}"
+    return text
 
 
 def assert_no_temps(*dirs):

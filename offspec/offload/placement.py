@@ -205,8 +205,8 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
     if resident + sum(layer) <= device_budget:
         return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, **base)
 
-    ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd=False)
-    ssd_ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd=True)
+    ring, _ = stream_buffers(sizes, config, host_is_device, has_ssd=False)  # RAM-tier layers only
+    ssd_ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd=True)  # some layers on SSD
     room = device_budget - resident - ring
     if room < 0:
         need = resident + (ssd_ring + staging if host_is_device and ram_budget < sum(layer) else ring)
