@@ -74,12 +74,12 @@ def test_kernel_products_equal_the_exact_reference(type_name):
 @pytest.mark.parametrize("type_name", KERNEL_NAMES)
 def test_kernel_rows_are_bitwise_the_same_whatever_the_batch_and_threads(type_name):
     raw = blocks(type_name, rows=37)  # not a multiple of the thread grain
-    x = torch.from_numpy(np.random.default_rng(2).standard_normal((11, 512)).astype(np.float32))
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((21, 512)).astype(np.float32))
     tid = ggml_type(type_name).id
     full = kernels.linear(x, raw, tid, 512)
     threads = torch.get_num_threads()
     try:
-        for m in (1, 2, 3, 4, 5, 9):  # the kernels work in tiles of 4 rows: every remainder
+        for m in (1, 2, 3, 4, 5, 8, 9, 12, 13, 17):  # tiles of 8 and 4 rows, and every remainder
             for start in (0, 2):
                 part = kernels.linear(x[start : start + m].clone(), raw, tid, 512)
                 assert torch.equal(part, full[start : start + m])
