@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -21,7 +21,10 @@ from .runner import ModelRunner
 from .sampling import TokenChooser
 from .tree import DraftTree
 from .types import PassStats, TreeSnapshot
-from .verify import acceptance_walk
+from .verify import acceptance_walk, likely_path
+
+
+HEAD_ROWS = 4  # walk positions whose LM-head rows are computed in one call (where rows are batch invariant)
 
 
 def _clock(device: torch.device) -> float:
@@ -104,6 +107,27 @@ class SpeculativeEngine:
         positions = root_pos + tree.depths[:n]  # (n,) siblings share a position
         return target.forward(tree.tokens[:n], positions, slots, visible), slots
 
+    def _walk_logits(self, hidden: torch.Tensor, parents: list[int], scores: torch.Tensor
+                     ) -> Callable[[int], torch.Tensor]:
+        """The target's logits at tree node i, for the walk. Where its LM head gives a row the same bits whatever
+        the batch (offspec's CPU kernels), the walk's next rows are computed together, along the draft's
+        likeliest path from the node asked for: one read of the head's weights for up to HEAD_ROWS positions
+        (a one-row head is bound by memory). Elsewhere (GEMMs that round by batch shape) one row at a time, as
+        decoding without a draft does, so that both compute the same numbers."""
+        target = self.target
+        if len(parents) == 1 or not target.head_is_row_invariant:
+            return lambda i: target.logits(hidden[i])
+        scores_host = scores.tolist()  # sync: the path is chosen on the host (on a CPU: no wait)
+        done: dict[int, torch.Tensor] = {}
+
+        def logits_at(i: int) -> torch.Tensor:
+            if i not in done:
+                rows = likely_path(i, parents, scores_host, HEAD_ROWS)
+                done.update(zip(rows, target.logits(hidden[rows])))  # (len(rows), V) in one call
+            return done[i]
+
+        return logits_at
+
     @torch.inference_mode()
     def speculative_step(self, config: TreeConfig, chooser: TokenChooser, snapshot: bool = False
                          ) -> tuple[list[int], PassStats]:
@@ -127,8 +151,8 @@ class SpeculativeEngine:
 
         tokens_host = tree.tokens[:n].tolist()  # sync: the walk runs on the host
         parents_host = tree.parents[:n].tolist()
-        path, bonus = acceptance_walk(tokens_host, parents_host,
-                                      lambda i: chooser.choose(target.logits(hidden[i])))
+        logits_at = self._walk_logits(hidden, parents_host, tree.scores[:n])
+        path, bonus = acceptance_walk(tokens_host, parents_host, lambda i: chooser.choose(logits_at(i)))
         accepted = path[1:]
         new_tokens = [tokens_host[i] for i in accepted] + [bonus]
         target.cache.keep(slots[torch.tensor(path, device=device)], T + len(path))

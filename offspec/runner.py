@@ -74,6 +74,15 @@ class ModelRunner:
                             past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state[0]
 
+    @property
+    def head_is_row_invariant(self) -> bool:
+        """Does the LM head give each row the same bits whatever the batch? offspec's compiled CPU kernels do; a
+        GEMM (CUDA, torch's CPU matmul) may round by batch shape."""
+        from .formats import kernels
+        from .formats.modules import QLinear
+
+        return isinstance(self.lm_head, QLinear) and self.device.type == "cpu" and kernels.compiled() is not None
+
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., hidden) -> (..., vocab) logits."""

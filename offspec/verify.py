@@ -28,3 +28,17 @@ def acceptance_walk(tokens: Sequence[int], parents: Sequence[int], choose: Calla
         if child is None:
             return path, token
         path.append(child)
+
+
+def likely_path(start: int, parents: Sequence[int], scores: Sequence[float], limit: int) -> list[int]:
+    """The nodes the walk visits from `start` if the target takes the draft's best guess at every step: `start`,
+    then the best-scored child of each node on the way (the first one on a tie), at most `limit` nodes."""
+    best: dict[int, int] = {}
+    for i in range(1, len(parents)):
+        p = parents[i]
+        if p not in best or scores[i] > scores[best[p]]:
+            best[p] = i
+    path = [start]
+    while len(path) < limit and path[-1] in best:
+        path.append(best[path[-1]])
+    return path

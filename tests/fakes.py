@@ -30,6 +30,11 @@ class BigramRunner:
                 p = row.get(t, rest / len(others) if others and rest > 0 else 0.0)
                 self.logp[tok, t] = math.log(p) if p > 0 else -1e9
         self.forward_calls: list[dict] = []  # what each forward received, for assertions
+        self.logits_rows: list[list[int]] = []  # the "hidden states" (token ids) of each logits call
+        self.head_is_row_invariant = True  # a table lookup: the same row whatever the batch
+
+    def io_counters(self) -> tuple[int, float]:
+        return 0, 0.0  # nothing streams
 
     @property
     def length(self) -> int:
@@ -41,6 +46,7 @@ class BigramRunner:
         return tokens.float()[:, None]  # (q, 1): the "hidden state" is the token id
 
     def logits(self, hidden):
+        self.logits_rows.append(hidden[..., 0].long().reshape(-1).tolist())
         return self.logp[hidden[..., 0].long()]
 
     def extend(self, tokens, chunk: int = 512):

@@ -17,6 +17,7 @@ def default_pair():
 
 @pytest.mark.integration
 def test_default_pair_speculative_greedy_equals_plain_greedy(default_pair):
+    assert default_pair.engine.target.head_is_row_invariant  # the walk reads the LM head rows in batches
     prompt = "Write a Python function that checks whether a number is prime, with a docstring."
     plain = default_pair.generate(prompt, max_new_tokens=64, speculate=False)
     spec = default_pair.generate(prompt, max_new_tokens=64, budget=32)

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from fakes import BigramRunner
-from offspec.config import TreeConfig
+from offspec.config import SamplingConfig, TreeConfig
 from offspec.drafter import TreeDrafter
+from offspec.engine import HEAD_ROWS, SpeculativeEngine
+from offspec.sampling import TokenChooser
 from offspec.tree import DraftTree
-from offspec.verify import acceptance_walk
+from offspec.verify import acceptance_walk, likely_path
 
 # root 0 -> 1 (.6), 2 (.4); 1 -> 3 (.9), 4 (.1); 2 -> 5 (.5), 6 (.5); 3 -> 7 (.5), 8 (.5)
 TABLE = {0: {1: .6, 2: .4}, 1: {3: .9, 4: .1}, 2: {5: .5, 6: .5}, 3: {7: .5, 8: .5}, 5: {9: 1.0}}
@@ -125,3 +127,36 @@ def test_observe_keeps_processed_accepted_nodes_in_draft_cache():
     path = [0, toks.index(1), toks.index(3)]  # 1 and 3 were expanded (slots 1 and 2)
     drafter.observe(path, n_committed=4)
     assert runner.cache.length == 1 + 2
+
+
+def test_likely_path_follows_the_best_scored_child():
+    parents = [-1, 0, 0, 1, 1, 3]
+    scores = [0.0, -0.1, -2.0, -0.5, -0.3, -0.6]
+    assert likely_path(0, parents, scores, 8) == [0, 1, 4]  # 1 beats 2, then 4 beats 3; 4 has no child
+    assert likely_path(0, parents, scores, 2) == [0, 1]
+    assert likely_path(3, parents, scores, 8) == [3, 5]
+    assert likely_path(2, parents, scores, 8) == [2]
+
+
+CHAIN = {t: {t + 1: 0.9} for t in range(12)}  # both models continue t with t + 1
+
+
+def chain_engine(row_invariant: bool):
+    target = BigramRunner(CHAIN)
+    target.head_is_row_invariant = row_invariant
+    engine = SpeculativeEngine(target, TreeDrafter(BigramRunner(CHAIN)), max_context=64, max_budget=16)
+    engine.reset_to([9, 0])  # the root is 0
+    return engine, target
+
+
+@pytest.mark.parametrize("row_invariant", [True, False])
+def test_the_walk_reads_the_head_a_few_rows_at_a_time_where_rows_are_batch_invariant(row_invariant):
+    engine, target = chain_engine(row_invariant)
+    chooser = TokenChooser(SamplingConfig(temperature=0.0), torch.device("cpu"))
+    config = TreeConfig(budget=6, max_beams=1, branch=2, max_depth=8)
+    tokens, stats = engine.speculative_step(config, chooser)
+    assert tokens == [1, 2, 3, 4, 5, 6, 7] and stats.accepted == 6  # the whole chain, then the bonus token
+    if row_invariant:  # the walk's 7 positions along the likeliest path in calls of HEAD_ROWS rows
+        assert target.logits_rows == [list(range(7))[i : i + HEAD_ROWS] for i in range(0, 7, HEAD_ROWS)]
+    else:
+        assert target.logits_rows == [[t] for t in range(7)]
