@@ -21,7 +21,7 @@ from .runner import ModelRunner
 from .sampling import TokenChooser
 from .tree import DraftTree
 from .types import PassStats, TreeSnapshot
-from .verify import acceptance_walk, likely_path
+from .verify import acceptance_walk, best_children, likely_path
 
 
 HEAD_ROWS = 4  # walk positions whose LM-head rows are computed in one call (where rows are batch invariant)
@@ -117,12 +117,12 @@ class SpeculativeEngine:
         target = self.target
         if len(parents) == 1 or not target.head_is_row_invariant:
             return lambda i: target.logits(hidden[i])
-        scores_host = scores.tolist()  # sync: the path is chosen on the host (on a CPU: no wait)
+        best = best_children(parents, scores.tolist())  # sync: the path is chosen on the host (on a CPU: no wait)
         done: dict[int, torch.Tensor] = {}
 
         def logits_at(i: int) -> torch.Tensor:
             if i not in done:
-                rows = likely_path(i, parents, scores_host, HEAD_ROWS)
+                rows = likely_path(i, best, HEAD_ROWS)
                 done.update(zip(rows, target.logits(hidden[rows])))  # (len(rows), V) in one call
             return done[i]
 

@@ -6,6 +6,7 @@ needed (a 4096-node tree times a 152k vocabulary would be gigabytes of logits).
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import torch
@@ -74,10 +75,10 @@ class ModelRunner:
                             past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state[0]
 
-    @property
+    @functools.cached_property
     def head_is_row_invariant(self) -> bool:
         """Does the LM head give each row the same bits whatever the batch? offspec's compiled CPU kernels do; a
-        GEMM (CUDA, torch's CPU matmul) may round by batch shape."""
+        GEMM (CUDA, torch's CPU matmul) may round by batch shape. Fixed once the model is loaded."""
         from .formats import kernels
         from .formats.modules import QLinear
 

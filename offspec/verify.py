@@ -30,14 +30,19 @@ def acceptance_walk(tokens: Sequence[int], parents: Sequence[int], choose: Calla
         path.append(child)
 
 
-def likely_path(start: int, parents: Sequence[int], scores: Sequence[float], limit: int) -> list[int]:
-    """The nodes the walk visits from `start` if the target takes the draft's best guess at every step: `start`,
-    then the best-scored child of each node on the way (the first one on a tie), at most `limit` nodes."""
+def best_children(parents: Sequence[int], scores: Sequence[float]) -> dict[int, int]:
+    """node -> its best-scored child (the first one on a tie), for the nodes that have children."""
     best: dict[int, int] = {}
     for i in range(1, len(parents)):
         p = parents[i]
         if p not in best or scores[i] > scores[best[p]]:
             best[p] = i
+    return best
+
+
+def likely_path(start: int, best: dict[int, int], limit: int) -> list[int]:
+    """The nodes the walk visits from `start` if the target takes the draft's best guess at every step: `start`,
+    then the best child (`best_children`) of each node on the way, at most `limit` nodes."""
     path = [start]
     while len(path) < limit and path[-1] in best:
         path.append(best[path[-1]])

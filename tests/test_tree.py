@@ -11,7 +11,7 @@ from offspec.drafter import TreeDrafter
 from offspec.engine import HEAD_ROWS, SpeculativeEngine
 from offspec.sampling import TokenChooser
 from offspec.tree import DraftTree
-from offspec.verify import acceptance_walk, likely_path
+from offspec.verify import acceptance_walk, best_children, likely_path
 
 # root 0 -> 1 (.6), 2 (.4); 1 -> 3 (.9), 4 (.1); 2 -> 5 (.5), 6 (.5); 3 -> 7 (.5), 8 (.5)
 TABLE = {0: {1: .6, 2: .4}, 1: {3: .9, 4: .1}, 2: {5: .5, 6: .5}, 3: {7: .5, 8: .5}, 5: {9: 1.0}}
@@ -130,12 +130,11 @@ def test_observe_keeps_processed_accepted_nodes_in_draft_cache():
 
 
 def test_likely_path_follows_the_best_scored_child():
-    parents = [-1, 0, 0, 1, 1, 3]
-    scores = [0.0, -0.1, -2.0, -0.5, -0.3, -0.6]
-    assert likely_path(0, parents, scores, 8) == [0, 1, 4]  # 1 beats 2, then 4 beats 3; 4 has no child
-    assert likely_path(0, parents, scores, 2) == [0, 1]
-    assert likely_path(3, parents, scores, 8) == [3, 5]
-    assert likely_path(2, parents, scores, 8) == [2]
+    best = best_children([-1, 0, 0, 1, 1, 3], [0.0, -0.1, -2.0, -0.5, -0.3, -0.6])
+    assert likely_path(0, best, 8) == [0, 1, 4]  # 1 beats 2, then 4 beats 3; 4 has no child
+    assert likely_path(0, best, 2) == [0, 1]
+    assert likely_path(3, best, 8) == [3, 5]
+    assert likely_path(2, best, 8) == [2]
 
 
 CHAIN = {t: {t + 1: 0.9} for t in range(12)}  # both models continue t with t + 1
