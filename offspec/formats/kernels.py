@@ -19,23 +19,46 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import OffspecError
 from ..paths import kernels_dir
 from ..progress import ProgressEvent, ProgressFn, no_progress
 from .dequant import dequantize as torch_dequantize
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_dot.h", "attention.h")
+SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_dot.h", "ggml_dot512.h", "attention.h")
+ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"  # "avx2": build without AVX-512 on a CPU that has it (the results are the same)
 
 _lock = threading.Lock()
 _ext: Any = None
 _failure: Optional[str] = None  # why the CPU kernels are unavailable (then the torch fallback runs)
 
 
-def _simd_flags() -> list[str]:
-    if platform.machine().lower() in ("x86_64", "amd64") and \
-            torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        return ["-mavx2", "-mfma", "-mf16c"]
-    return []
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is missing)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _simd_flags(isa: Optional[str] = None) -> list[str]:
+    """Compiler flags for this CPU: AVX2 + FMA where torch finds AVX2, and AVX-512 (BW; VNNI where present) on top
+    unless `isa` (default: $OFFSPEC_KERNEL_ISA) is "avx2". Every variant computes the same bits (ggml_dot512.h)."""
+    choice = (os.environ.get(ISA_VARIABLE, "") if isa is None else isa).strip().lower() or "auto"
+    if choice not in ("auto", "avx2"):
+        raise OffspecError(f"{ISA_VARIABLE}={choice}: use avx2 (no AVX-512 in the CPU kernels) or auto")
+    if platform.machine().lower() not in ("x86_64", "amd64") or \
+            torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return []
+    flags = ["-mavx2", "-mfma", "-mf16c"]
+    cpu = _cpu_flags()
+    if choice == "auto" and torch.backends.cpu.get_cpu_capability() == "AVX512" and {"avx512f", "avx512bw"} <= cpu:
+        flags += ["-mavx512f", "-mavx512bw"] + (["-mavx512vnni"] if "avx512_vnni" in cpu else [])
+    return flags
 
 
 def _source_id(flags: list[str]) -> str:
@@ -53,10 +76,9 @@ def _build_id(flags: list[str]) -> str:
     return hashlib.sha256(f"{_source_id(flags)} {CSRC.resolve()}".encode()).hexdigest()[:12]
 
 
-def _compile(progress: ProgressFn) -> Any:
+def _compile(progress: ProgressFn, flags: list[str]) -> Any:
     from torch.utils.cpp_extension import load
 
-    flags = _simd_flags()
     build_id = _build_id(flags)
     directory = kernels_dir() / f"ggml-cpu-{build_id}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -88,8 +110,9 @@ def load_kernels(progress: ProgressFn = no_progress) -> Optional[str]:
         if os.environ.get("OFFSPEC_KERNELS", "").strip().lower() == "torch":
             _failure = "OFFSPEC_KERNELS=torch"
         else:
+            flags = _simd_flags()  # a bad OFFSPEC_KERNEL_ISA: one line, before building anything
             try:
-                _ext = _compile(progress)
+                _ext = _compile(progress, flags)
             except Exception as exc:  # no compiler, no Python headers, ...: announced, then the slow path
                 text = str(exc).strip().splitlines()
                 _failure = f"cannot build them ({text[-1] if text else type(exc).__name__})"
@@ -97,6 +120,11 @@ def load_kernels(progress: ProgressFn = no_progress) -> Optional[str]:
             progress(ProgressEvent("kernels", f"the CPU kernels are unavailable: {_failure}; low-bit weights use "
                                               f"torch's much slower decoding path", finished=True))
         return _failure
+
+
+def build_variant(isa: str, progress: ProgressFn = no_progress) -> Any:
+    """The kernels built for `isa` ("avx2" or "auto"), beside the ones in use (tests compare their bits)."""
+    return _compile(progress, _simd_flags(isa))
 
 
 def compiled() -> Any:
@@ -116,11 +144,12 @@ def kernel_build() -> str:
 
 
 def kernel_status() -> str:
-    """One line: which CPU kernels run ("compiled (AVX2)", "compiled (scalar)", or the fallback and why)."""
+    """One line: which CPU kernels run ("compiled (AVX-512 VNNI)", "compiled (AVX2)", "compiled (scalar)", or the
+    fallback and why)."""
     if _ext is None and _failure is None:
         load_kernels()
     if _ext is not None:
-        return f"compiled ({'AVX2' if _ext.has_avx2() else 'scalar'})"
+        return f"compiled ({_ext.isa()})"
     return f"torch fallback: {_failure}"
 
 

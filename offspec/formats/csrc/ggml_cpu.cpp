@@ -13,6 +13,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <string>
 #include <vector>
 
 using namespace offspec;
@@ -99,11 +100,15 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   return out;
 }
 
-bool has_avx2() {
-#ifdef OFFSPEC_AVX2
-  return true;
+std::string isa() {  // the instruction set the kernels were built for
+#if defined(OFFSPEC_AVX512) && defined(__AVX512VNNI__)
+  return "AVX-512 VNNI";
+#elif defined(OFFSPEC_AVX512)
+  return "AVX-512";
+#elif defined(OFFSPEC_AVX2)
+  return "AVX2";
 #else
-  return false;
+  return "scalar";
 #endif
 }
 
@@ -111,5 +116,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qgemm", &qgemm, "y = x @ W^T with W in ggml blocks (row invariant)");
   m.def("dequantize", &dequantize, "exact float32 rows of ggml blocks");
   m.def("attend", &attend_exact, "attention per query over its visible keys only (row invariant)");
-  m.def("has_avx2", &has_avx2, "built with AVX2 and FMA");
+  m.def("isa", &isa, "the instruction set the kernels were built for");
 }

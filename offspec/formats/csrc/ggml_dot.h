@@ -15,6 +15,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define OFFSPEC_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define OFFSPEC_AVX512 1  // ggml_dot512.h: two blocks per instruction, the same results
+#endif
 #endif
 
 namespace offspec {
@@ -392,14 +395,30 @@ void in_tiles(int64_t M, F&& f) {
   }
 }
 
+}  // namespace offspec
+
+#ifdef OFFSPEC_AVX512
+#include "ggml_dot512.h"
+#endif
+
+namespace offspec {
+
 template <class B>
 void rows(const uint8_t* w, const XSet& x, float* y, int64_t ystride) {
+#ifdef OFFSPEC_AVX512
+  in_tiles<false>(x.M, [&](int64_t r, auto R) { tile512<B, decltype(R)::value>(w, x, r, y, ystride); });
+#else
   in_tiles<false>(x.M, [&](int64_t r, auto R) { tile<B, decltype(R)::value>(w, x, r, y, ystride); });
+#endif
 }
 
 template <int64_t T>
 void krows(const uint8_t* w, const XSet& x, float* y, int64_t ystride) {
+#ifdef OFFSPEC_AVX512
+  in_tiles<true>(x.M, [&](int64_t r, auto R) { ktile512<T, decltype(R)::value>(w, x, r, y, ystride); });
+#else
   in_tiles<true>(x.M, [&](int64_t r, auto R) { ktile<T, decltype(R)::value>(w, x, r, y, ystride); });
+#endif
 }
 
 // Float dot product in a fixed order (float weights, and the types without an integer kernel).

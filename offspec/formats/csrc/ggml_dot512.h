@@ -1,0 +1,154 @@
+// AVX-512 tiles of ggml_dot.h: two blocks of 32 weights per instruction (512-bit registers), with AVX512-VNNI's
+// fused multiply-adds where the CPU has them. Included by ggml_dot.h when built with -mavx512f -mavx512bw.
+//
+// Bit for bit the AVX2 tiles' results: every integer sum is exact (no 16-bit saturation: the largest pair sum is
+// 2 * 128 * 127), the two halves of a register are folded into the AVX2 kernel's 8 lanes before any float step,
+// and the float steps are the AVX2 kernel's, in its order. A machine with AVX-512 and one without compute the
+// same logits (tests/test_formats.py compares the two builds where the CPU can run both).
+#pragma once
+
+#include <immintrin.h>
+
+namespace offspec {
+
+inline __m512i join256(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m512 join256(__m256 lo, __m256 hi) {  // (insertf32x8 would need AVX512DQ)
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+inline __m256 high256(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+inline __m256i fold(__m512i v) {  // lanes i and i + 8 summed: the AVX2 kernel's 8 int32 lanes
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+// acc + the pairwise products of 16-bit lanes (vpmaddwd, then a 32-bit add: exact either way)
+inline __m512i madd_acc(__m512i acc, __m512i a, __m512i b) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+// 16 int32 sums of 4 products of unsigned bytes `u` with signed bytes `s` (exact: no pair reaches 2^15)
+inline __m512i dot_us512(__m512i u, __m512i s) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+}
+// a signed weight `q` as |q| (unsigned) and the lanes where it is negative: x is negated there (AVX2's sign trick)
+struct Signed512 {
+  __m512i mag;
+  __mmask64 neg;
+  explicit Signed512(__m512i q) : mag(_mm512_abs_epi8(q)), neg(_mm512_movepi8_mask(q)) {}
+  __m512i apply(__m512i x) const { return _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x); }
+};
+inline void keep(__m512i& v) { __asm__("" : "+v"(v)); }
+
+// K-quant sub-blocks j and j + 1 (j even) in one register, sub-block j in the low half (KBlock::q's values)
+template <int64_t T>
+inline __m512i kq2(const KBlock<T>& b, int j) {
+  if constexpr (T == Q6_K) {
+    const int h = j / 4, s = j % 4;  // s is 0 or 2: the two sub-blocks read 64 consecutive bytes, shifted alike
+    const __m512i src = _mm512_loadu_si512(b.blk + h * 64);
+    const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(src, 4 * (s >> 1)), _mm512_set1_epi8(0x0F));
+    const __m256i hb = load32u(b.blk + 128 + h * 32);
+    const __m512i hb2 = join256(_mm256_srli_epi16(hb, 2 * s), _mm256_srli_epi16(hb, 2 * s + 2));
+    const __m512i hi = _mm512_slli_epi16(_mm512_and_si512(hb2, _mm512_set1_epi8(3)), 4);
+    return _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
+  } else {  // the low and high nibbles of the same 32 bytes
+    const __m256i raw = load32u(b.blk + (T == Q4_K ? 16 : 48) + (j / 2) * 32);
+    __m512i v = _mm512_and_si512(join256(raw, _mm256_srli_epi16(raw, 4)), _mm512_set1_epi8(0x0F));
+    if constexpr (T == Q5_K) {
+      const __m256i h = load32u(b.blk + 16);
+      const __m512i h2 = join256(_mm256_srli_epi16(h, j), _mm256_srli_epi16(h, j + 1));
+      v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(h2, _mm512_set1_epi8(1)), 4));
+    }
+    return v;
+  }
+}
+
+// Rows r0 .. r0+R of one K-quant weight row's output: ktile with two sub-blocks per step.
+template <int64_t T, int R>
+void ktile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
+  using B = KBlock<T>;
+  Acc acc[R];
+  for (int r = 0; r < R; r++) acc[r] = acc_zero();
+  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
+    const B blk(w + sb * B::BYTES);
+    for (int64_t line = 0; line < B::BYTES; line += 64) __builtin_prefetch(w + n * B::BYTES + sb * B::BYTES + line);
+    __m512i is[R];
+    for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+      const __m512i q = kq2(blk, j);
+      const __m512i sv = join256(blk.scales(j), blk.scales(j + 1));
+      if constexpr (T == Q6_K) {
+        const Signed512 qs(q);
+        for (int r = 0; r < R; r++) {
+          const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
+          is[r] = madd_acc(is[r], _mm512_maddubs_epi16(qs.mag, qs.apply(xv)), sv);
+          keep(is[r]);
+        }
+      } else {
+        for (int r = 0; r < R; r++) {
+          const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
+          is[r] = madd_acc(is[r], _mm512_maddubs_epi16(q, xv), sv);
+          keep(is[r]);
+        }
+      }
+    }
+    decltype(blk.min_vec()) mv{};
+    if constexpr (B::MIN) mv = blk.min_vec();
+    for (int r = 0; r < R; r++) {
+      const float dx = x.dval(r0 + r, sb);
+      acc[r] = fma_acc(fold(is[r]), blk.d * dx, acc[r]);
+      if constexpr (B::MIN) acc[r] = fnma_acc(blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]), blk.dmin * dx, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) y[(r0 + r) * ystride] = acc_sum(acc[r], acc_zero());
+}
+
+// Rows r0 .. r0+R of one legacy weight row's output: tile with an even and an odd block per step, the even
+// block's float accumulator in the low half of a register and the odd one's in the high half.
+template <class B, int R>
+void tile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
+  __m512 acc[R];
+  float off_even[R], off_odd[R];  // minimums (Q4_1, Q5_1): + m * dx * sum(x)
+  for (int r = 0; r < R; r++) {
+    acc[r] = _mm512_setzero_ps();
+    off_even[r] = off_odd[r] = 0.0f;
+  }
+  const int64_t n = x.K / 32;
+  int64_t xb = 0;
+  for (; xb + 2 <= n; xb += 2) {
+    const B b0(w + xb * B::BYTES), b1(w + (xb + 1) * B::BYTES);
+    const __m512i q = join256(b0.q(0), b1.q(0));
+    const __m512 ws = join256(_mm256_set1_ps(b0.scale(0)), _mm256_set1_ps(b1.scale(0)));
+    const Signed512 qs(q);  // unused (optimised away) for the unsigned types
+    for (int r = 0; r < R; r++) {
+      const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, xb));
+      const __m512i isum = B::MIN ? dot_us512(q, xv) : dot_us512(qs.mag, qs.apply(xv));
+      const float dx0 = x.dval(r0 + r, xb), dx1 = x.dval(r0 + r, xb + 1);
+      const __m512 scale = _mm512_mul_ps(ws, join256(_mm256_set1_ps(dx0), _mm256_set1_ps(dx1)));  // ws * dx per half
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
+      if constexpr (B::MIN) {
+        off_even[r] += (b0.min(0) * dx0) * (float)x.sval(r0 + r, xb);
+        off_odd[r] += (b1.min(0) * dx1) * (float)x.sval(r0 + r, xb + 1);
+      }
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    Acc even = _mm512_castps512_ps256(acc[r]), odd = high256(acc[r]);
+    if (xb < n) {  // an odd number of blocks: the last one is even
+      const B blk(w + xb * B::BYTES);
+      const float dx = x.dval(r0 + r, xb);
+      even = fma_acc(B::isum(blk.q(0), x.qrow(r0 + r, xb), 0), blk.scale(0) * dx, even);
+      if constexpr (B::MIN) off_even[r] += (blk.min(0) * dx) * (float)x.sval(r0 + r, xb);
+    }
+    float v = acc_sum(even, odd);
+    if constexpr (B::MIN) v += off_even[r] + off_odd[r];
+    y[(r0 + r) * ystride] = v;
+  }
+}
+
+}  // namespace offspec
