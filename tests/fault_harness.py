@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout first
 
-import offspec  # noqa: E402  (first: sets the OpenMP wait policy before torch, like main.py)
+import offspec  # noqa: E402,F401  (first: sets the OpenMP wait policy before torch, like main.py)
 from offspec import cli_progress  # noqa: E402
 from offspec.cli import main  # noqa: E402
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import offspec
-from offspec import OffspecError
 from offspec.runner import ModelRunner
 from offspec.sampling import TokenChooser
 from offspec.config import SamplingConfig, TreeConfig

@@ -127,16 +127,16 @@ def test_sweeps_stop_when_compute_bound_and_probe_past_streaming(monkeypatch):
 
     cpu = torch.device("cpu")
     # compute-bound from the start: once two doublings up to >= 16 tokens doubled the time, it stops (not at 4096)
-    calls = fake_times(lambda n: 0.01 * n)
+    fake_times(lambda n: 0.01 * n)
     points, bound = timing.sweep(lambda n: n, cpu, timing.SweepConfig(repeats=1), "t", "t")
     assert [n for n, _ in points] == [1, 2, 4, 8, 16, 32] and bound == 8
     # weights streamed: 2 s per pass whatever the size until compute takes over past 512 tokens
-    calls = fake_times(lambda n: max(2.0, 0.01 * n))
+    fake_times(lambda n: max(2.0, 0.01 * n))
     points, bound = timing.sweep(lambda n: n, cpu, timing.SweepConfig(repeats=1, max_call_seconds=1.0), "t", "t")
     assert [n for n, _ in points] == [1, 2, 16, 128, 1024] and bound is None
     curve = CostCurve.of(points)
     assert curve(100) == pytest.approx(2.0) and curve(2048) > curve(1024) > 2.0
     # out of time where the cost already grew (a CPU): no probe of far bigger, far slower sizes
-    calls = fake_times(lambda n: 0.5 if n < 4 else 5.0)
+    fake_times(lambda n: 0.5 if n < 4 else 5.0)
     points, bound = timing.sweep(lambda n: n, cpu, timing.SweepConfig(repeats=1, max_call_seconds=1.0), "t", "t")
     assert [n for n, _ in points] == [1, 2, 4] and bound is None

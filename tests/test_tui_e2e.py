@@ -42,7 +42,7 @@ def test_chat_on_a_tiny_real_model(tmp_path):
         roles = [role for role, _ in view_texts(app)]
         assert roles == ["user", "assistant", "user", "assistant"]
 
-    app = run_app(ChatApp(recording_factory, data_dir=tmp_path / "data"), scenario)
+    run_app(ChatApp(recording_factory, data_dir=tmp_path / "data"), scenario)
     assert any(e.step == "warmup" and e.finished for e in steps)
     with sqlite3.connect(tmp_path / "data" / "history.sqlite3") as db:
         rows = db.execute("SELECT role, status, stats FROM messages ORDER BY id").fetchall()
