@@ -36,7 +36,8 @@ class TreeConfig:
     # (both merged under one budget); None = hybrid when a draft model is loaded, else suffix (set at load)
     drafter: Optional[str] = None
     # a pass from a long, confident suffix match alone (no draft model step; see offspec/suffix_drafter.py) may
-    # propose up to this many nodes instead of `budget` (SuffixDecoding's adaptive speculation); 0 = `budget`
+    # propose up to this many nodes instead of `budget`, as deep as that past `max_depth` (SuffixDecoding's
+    # adaptive speculation); 0 = `budget`
     confident_budget: int = 32
     # the target pass's cost model: suffix-only trees keep just the candidates that pay for their place in the
     # pass (offspec/gain.py), possibly none; None = every candidate up to the budget. `budget="auto"` sets it

@@ -12,8 +12,9 @@ format as the model drafter. A node's score is a log-probability estimate from t
 path, so the tree is trimmed and merged exactly like a draft model's. Candidates reach at most
 `spec_factor * m` tokens deep: a long match speculates far, a short one a little (adaptive speculation).
 A long match whose best continuation is clear (`SuffixConfig.confident_match`, `confident_share`) may
-propose up to `TreeConfig.confident_budget` nodes instead of `budget`: copying code that was given is
-where long drafts pay, and the hybrid drafter then skips the draft model.
+propose up to `TreeConfig.confident_budget` nodes instead of `budget`, as deep as that (`max_depth` limits
+the model's growth, not such a copy): copying code that was given is where long drafts pay, and the hybrid
+drafter then skips the draft model.
 Any tree is lossless (the target verifies every token), so these scores only decide what is proposed.
 
 With `TreeConfig.pass_cost` (set by `budget="auto"`), a tree verified as it is (suffix mode, or a confident
@@ -92,7 +93,9 @@ class SuffixDrafter:
         self._verified = (m, set()) if verified else None
         if m < c.min_match:
             return tree
-        depth = min(config.max_depth, max(1, math.ceil(c.spec_factor * m)))
+        # the depth cap is the model's growth limit; a confident copy may run as deep as its nodes
+        cap = max(config.max_depth, budget) if self.confident else config.max_depth
+        depth = min(cap, max(1, math.ceil(c.spec_factor * m)))
         cont = continuations(occurrences, budget, depth)
         keep = list(range(len(cont.tokens)))  # candidates proposed, in tree order (parents first)
         if verified and config.pass_cost is not None:

@@ -108,3 +108,19 @@ def test_auto_decodes_without_a_tree_when_no_tree_pays_off(tiny_pair, tmp_path):
         assert "| auto (budget none) | 1 | 1.00 |" in (tmp_path / "bench.md").read_text()
     finally:
         tiny_pair.tree, tiny_pair.policy = saved_tree, saved_policy
+
+
+def test_a_suffix_plan_runs_gated_passes_even_when_it_speculates():
+    """A pass costs the same for 1 or 64 tokens (streamed weights): the suffix plan has a tree, and still each
+    pass proposes up to confident_budget candidates as one chain deep, cut by the pass's own cost model."""
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.3), (129, 0.31)]), target_head=0.0, draft_step=None,
+                      suffix_seconds=0.0)
+    acceptance = AcceptanceCurve.of(BUDGETS, [min(b, 0.4) for b in BUDGETS])  # flat past one node
+    planner = PlannerConfig(budgets=BUDGETS, drafter="suffix", max_budget=64)
+    gated = AdaptiveBudget(costs, acceptance, planner, AdaptConfig(), gate_suffix=True)
+    assert gated.speculates and gated.plan.best.drafter == "suffix" and gated.gated and gated.use_tree()
+    tree = gated.next_tree(TreeConfig(confident_budget=48))
+    assert tree.budget == tree.confident_budget == tree.max_depth == 48 and tree.drafter == "suffix"
+    assert tree.pass_cost is not None and tree.pass_cost.base == 0.3
+    plain = AdaptiveBudget(costs, acceptance, planner, AdaptConfig(), gate_suffix=False)  # a fixed policy
+    assert not plain.gated and plain.next_tree(TreeConfig(confident_budget=48)).budget == plain.plan.best.budget

@@ -15,6 +15,9 @@ from offspec.profile.cli import profile_main
 from offspec.profile.store import find_profile, fingerprint, load_profile, save_profile
 
 ROOT = Path(__file__).parent.parent
+# a profile is keyed by the thread count; "auto" sizes it to the cores other processes leave free, which on a
+# busy test machine can differ between the profile and a later load (the profile would then not match)
+THREADS = 1
 
 
 @pytest.fixture()
@@ -32,6 +35,7 @@ def quick_profile(tiny_dirs, tmp_path_factory):
     mp.setenv("OFFSPEC_CONFIG_DIR", str(root / "config"))
     try:
         rc = profile_main(["--target", str(target), "--draft", str(draft), "--quick", "--max-context", "512",
+                           "--threads", str(THREADS),
                            "--out", str(root / "quick.json")])
     finally:
         mp.undo()
@@ -64,7 +68,7 @@ def test_auto_budget_uses_the_matching_profile(quick_profile, tiny_dirs, monkeyp
     _, root = quick_profile
     monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(root / "config"))
     target, draft = tiny_dirs[("qwen2", 1)]
-    gen = offspec.load(str(target), str(draft), max_context=512)  # no budget: auto
+    gen = offspec.load(str(target), str(draft), max_context=512, threads=THREADS)  # no budget: auto
     data = load_profile(next((root / "config" / "profiles").glob("*.json")))
     assert gen.info.extra["budget_source"] == "profile"
     assert "measured profile" in gen.info.extra["budget_basis"]
@@ -110,7 +114,7 @@ def test_auto_budget_says_when_the_profile_was_measured_with_other_cpu_kernels(q
     monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))
     target, draft = tiny_dirs[("qwen2", 1)]
     events = []
-    gen = offspec.load(str(target), str(draft), max_context=512, progress=events.append)
+    gen = offspec.load(str(target), str(draft), max_context=512, threads=THREADS, progress=events.append)
     extra = gen.info.extra
     assert extra["budget_source"] == "estimate"
     assert f"profile {stale} was measured with another build of offspec's CPU kernels" in extra["budget_basis"]
@@ -151,7 +155,7 @@ def test_malformed_saved_profile_is_a_clear_error(quick_profile, tiny_dirs, tmp_
     monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))
     target, draft = tiny_dirs[("qwen2", 1)]
     with pytest.raises(OffspecError, match=r"timings.target_pass: expected an array") as info:
-        offspec.load(str(target), str(draft), max_context=512)
+        offspec.load(str(target), str(draft), max_context=512, threads=THREADS)
     assert str(broken) in str(info.value)
     assert find_profile(data["key"]) == broken
 

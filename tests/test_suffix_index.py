@@ -150,6 +150,19 @@ def test_depth_grows_with_the_match_length():
     assert drafter.match.length == 10 and drafter.confident
 
 
+def test_a_confident_copy_runs_past_the_model_depth_cap():
+    """max_depth bounds the draft model's growth; a confident suffix pass may go as deep as its nodes."""
+    long = list(range(10, 60)) + [0] + list(range(10, 22))  # a 12-token match, followed once by 38 more
+    drafter = SuffixDrafter(SuffixConfig(key_length=2, global_tokens=0))
+    tree = drafter.propose(long, TreeConfig(budget=4, max_depth=4, confident_budget=20, drafter="suffix"))
+    assert drafter.confident and tree.n - 1 == 20 and int(tree.depths[: tree.n].max()) == 20
+    assert tree.tokens[1 : tree.n].tolist() == list(range(22, 42))  # the copy, one chain
+    short = list(range(10, 60)) + [0] + list(range(10, 13))  # a 3-token match: not confident, the cap holds
+    drafter = SuffixDrafter(SuffixConfig(key_length=2, global_tokens=0))
+    tree = drafter.propose(short, TreeConfig(budget=4, max_depth=2, confident_budget=20, drafter="suffix"))
+    assert not drafter.confident and int(tree.depths[: tree.n].max()) == 2
+
+
 def test_the_session_history_holds_earlier_generations():
     drafter = SuffixDrafter(SuffixConfig(key_length=2, global_tokens=100))
     config = TreeConfig(budget=3, max_depth=8, drafter="suffix")

@@ -19,7 +19,8 @@ Each pass's tree comes from `next_tree()` when `use_tree()` says so, so PassStat
 in force; `summary()` (also kept in `info.extra["budget_adaptive"]`) shows the scales, the observed vs
 predicted acceptance, the guard and the re-plans. When the plan predicts that no tree beats the target
 alone (`speculates` is False), auto's passes run without a tree, except where the policy may gate suffix
-candidates (`gate_suffix`: the suffix and hybrid drafters): then each pass proposes the suffix candidates
+candidates (`gate_suffix`: the suffix and hybrid drafters; a plan for the suffix drafter alone is always gated):
+then each pass proposes the suffix candidates
 and keeps only those that pay for their place in the pass under the measured cost model (`pass_cost`,
 offspec/gain.py), often none (a plain pass), all of a long copied run. An average acceptance curve says
 no tree pays; a copy of code that was given pays every time, and only a per-pass decision sees which is which.
@@ -116,8 +117,11 @@ class AdaptiveBudget:
 
     @property
     def gated(self) -> bool:
-        """Passes propose suffix candidates cut to what pays, because the plan has no tree (see the module doc)."""
-        return self.gate_suffix and not self.plan.speculates
+        """Passes propose suffix candidates cut to what pays (see the module doc): the plan has no tree, or its
+        tree is the suffix drafter's alone. Its acceptance curve is an average over prompts that copy little
+        or much (flat past a few nodes on the calibration prompts), while the per-pass cut sees each match:
+        on streamed code edits the planned 4 nodes took 1.69 tokens per pass where the cut takes more."""
+        return self.gate_suffix and (not self.plan.speculates or self.plan.best.drafter == "suffix")
 
     def use_tree(self) -> bool:
         """Whether the next pass grows a tree: the plan says so and the measured speeds agree (SpeedGuard).
