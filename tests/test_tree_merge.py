@@ -178,8 +178,9 @@ def test_hybrid_skips_the_model_where_the_suffix_match_is_long_and_clear():
     calls = len(runner.forward_calls)
     tree = drafter.propose(tokens, TreeConfig(budget=4, max_depth=8, drafter="hybrid"), 0.0)
     assert drafter.kind == "suffix" and len(runner.forward_calls) == calls  # no draft step, no catch-up
-    # a confident pass may go past the budget (4), up to confident_budget (32): here max_depth (8) ends it
-    assert tree.tokens[1 : tree.n].tolist() == [25, 26, 27, 0, 20, 21, 22, 23]
+    # a confident pass may go past the budget (4) and max_depth (8), up to confident_budget (32):
+    # here the end of the text ends it
+    assert tree.tokens[1 : tree.n].tolist() == [25, 26, 27, 0, 20, 21, 22, 23, 24]
     tree = drafter.propose(tokens, TreeConfig(budget=4, max_depth=8, drafter="hybrid", confident_budget=0), 0.0)
     assert tree.tokens[1 : tree.n].tolist() == [25, 26, 27, 0]  # confident_budget 0: the budget holds
     drafter.observe([0, 1, 2], n_committed=len(tokens) + 3)  # nothing to keep: the model did not run
