@@ -81,8 +81,7 @@ class SuffixConfig:
     min_match: int = 1  # shorter matches propose nothing
     max_occurrences: int = 256  # the most recent occurrences of a match that are counted
     spec_factor: float = 4.0  # candidates reach at most spec_factor * match length deep (adaptive speculation)
-    prior_count: float = 1.0  # pseudo-occurrences that continue otherwise: one occurrence is not certainty
-    match_half: float = 2.0  # a match this many tokens long is trusted half (score factor m / (m + match_half))
+    match_half: float = 2.0  # the prior of q(m), the chance a match of m tokens goes on one more: m / (m + match_half)
     confident_match: int = 8  # a match this long whose best continuation ...
     confident_share: float = 0.5  # ... follows at least this share of its occurrences is confident: the hybrid
     # skips the draft model, and the pass may propose up to TreeConfig.confident_budget nodes
@@ -91,9 +90,9 @@ class SuffixConfig:
     def validate(self) -> "SuffixConfig":
         if self.key_length < 1 or self.max_match < self.key_length or self.min_match < 1:
             raise OffspecError("suffix index: need key_length >= 1, max_match >= key_length and min_match >= 1")
-        if self.max_occurrences < 1 or self.spec_factor <= 0 or self.prior_count < 0 or self.match_half < 0:
-            raise OffspecError("suffix index: max_occurrences, spec_factor must be positive; prior_count and "
-                               "match_half must be >= 0")
+        if self.max_occurrences < 1 or self.spec_factor <= 0 or self.match_half < 0:
+            raise OffspecError("suffix index: max_occurrences, spec_factor must be positive; match_half must be "
+                               ">= 0")
         if self.global_tokens < 0:
             raise OffspecError(f"suffix index: global_tokens must be >= 0, got {self.global_tokens}")
         return self

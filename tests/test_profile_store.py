@@ -172,6 +172,15 @@ def test_acceptance_files_load(tmp_path):
     validate(prior, "prior", ACCEPTANCE_FILE_SCHEMA)
 
 
+def test_the_prior_curves_reach_one_largest_budget():
+    # acceptance never extrapolates upward: a drafter whose prior stops early could never be planned past it
+    # (the hybrid's stopped at 16 against the model's 32, so an unprofiled streamed hybrid ran smaller trees)
+    prior = json.loads((ROOT / "offspec" / "data" / "acceptance_prior.json").read_text())
+    curves = store.acceptance_curves(prior, "prior")
+    assert set(curves) == {"model", "suffix", "hybrid"}
+    assert len({max(c.budgets) for c in curves.values()}) == 1
+
+
 def test_cpu_thread_count_is_part_of_the_hardware_key(monkeypatch):
     import torch
 

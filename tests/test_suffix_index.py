@@ -115,21 +115,26 @@ def test_updates_as_tokens_are_committed():
     assert tree.parents[1:3].tolist() == [0, 0]
 
 
-def test_scores_are_smoothed_frequencies_that_never_increase_along_a_path():
-    cfg = SuffixConfig(key_length=2, global_tokens=0, prior_count=1.0, match_half=2.0)
+def test_scores_are_acceptance_estimates_that_fall_with_depth():
+    cfg = SuffixConfig(key_length=2, global_tokens=0, match_half=2.0)
     drafter = SuffixDrafter(cfg)
     tokens = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 4, 0, 1, 2]
     tree = drafter.propose(tokens, TreeConfig(budget=8, max_depth=8, drafter="suffix"))
     m = drafter.match.length
     assert m == 3 and len(drafter.match.positions) == 2  # "0 1 2", followed by 3 and by 4
+    q = m / (m + 2)  # nothing verified yet: q(m) is its prior
     toks = tree.tokens[: tree.n].tolist()
-    # node "3": 1 of 2 occurrences, with one pseudo-occurrence: 1/3, times m/(m+2)
+    # node "3": 1 of 2 occurrences, and the target must go on once: 1/2 * q
     three = toks.index(3)
-    assert tree.scores[three].item() == pytest.approx(math.log(1 / 3) + math.log(m / (m + 2)), rel=1e-5)
-    # node "3 0": the same occurrence goes on: the same score
+    assert tree.scores[three].item() == pytest.approx(math.log(0.5 * q), rel=1e-5)
+    # node "3 0": the same occurrence goes on, one more step: times q (a flat score let deep candidates of a
+    # short match outrank the draft model's nodes in the hybrid)
     pars = tree.parents[: tree.n].tolist()
     three_zero = next(i for i in range(tree.n) if toks[i] == 0 and pars[i] == three)
-    assert tree.scores[three_zero].item() == pytest.approx(tree.scores[three].item())
+    assert tree.scores[three_zero].item() == pytest.approx(math.log(0.5 * q * q), rel=1e-5)
+    drafter.rates.observe(m, 6, left=False)  # matches of 2-3 tokens went on 6 times: q(3) rises
+    tree = drafter.propose(tokens, TreeConfig(budget=8, max_depth=8, drafter="suffix"))
+    assert tree.scores[tree.tokens[: tree.n].tolist().index(3)].item() > math.log(0.5 * q)
     for i in range(1, tree.n):
         p = int(tree.parents[i])
         assert int(tree.depths[i]) == int(tree.depths[p]) + 1

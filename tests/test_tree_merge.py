@@ -197,3 +197,17 @@ def test_modes_without_a_draft_model():
     with pytest.raises(Exception, match="needs a draft model"):
         drafter.propose([1, 2], TreeConfig(budget=2, drafter="hybrid"), 0.0)
     assert drafter.propose([1, 2, 1], TreeConfig(budget=2), 0.0).tokens[1].item() == 2
+
+
+def test_a_short_matchs_deep_copy_does_not_crowd_out_the_models_likely_nodes():
+    # the draft model goes 0 -> 1 -> 2 -> 3 -> 4 with 0.7 at each step; the suffix index saw "7 0" once,
+    # followed by "10 11 12 ...": a 2-token match, each further token of which is less and less likely
+    chain = {t: {t + 1: 0.7} for t in range(6)}
+    drafter, _ = hybrid(chain)
+    tokens = [7, 0, 10, 11, 12, 13, 14, 15, 8, 9, 7, 0]
+    tree = drafter.propose(tokens, TreeConfig(budget=6, max_beams=2, branch=2, max_depth=8, drafter="hybrid"), 0.0)
+    check_valid(tree, 6)
+    got = set(paths_of(tree))
+    # scores: model 0.7^d; suffix q(2)^d = 0.5^d (the prior of q): 1:.7, 10:.5, 1 2:.49, 1 2 3:.34, 10 11:.25,
+    # 1 2 3 4:.24 (a flat score per occurrence, 0.25 at every depth, kept "10 11 12" instead of "1 2 3 4")
+    assert got == {(1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), (10,), (10, 11)}

@@ -1,0 +1,47 @@
+"""Write offspec/data/acceptance_prior.json (the curves `--budget auto` plans from before a pair is profiled)
+from a measured profile of the default pair:
+
+    offspec profile --quick --max-tree 64 --prompts 8 --out prior-profile.json
+    python scripts/acceptance_prior.py prior-profile.json "offspec profile --quick --max-tree 64 --prompts 8"
+
+Every drafter's curve should reach the same largest budget: the planner never extrapolates acceptance upward,
+so a curve that stops at 16 caps that drafter's plans at 16 (the hybrid's prior did, 2026-11-23 to -24).
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from offspec.profile.schema import ACCEPTANCE_FILE_SCHEMA, ACCEPTANCE_FORMAT, VERSION, validate  # noqa: E402
+from offspec.profile.store import ACCEPTANCE_SECTIONS  # noqa: E402
+
+
+def main(profile_path: str, command: str) -> None:
+    profile = json.loads(Path(profile_path).read_text(encoding="utf-8"))
+    sections = {s: profile[s] for s in ACCEPTANCE_SECTIONS.values() if s in profile}
+    largest = {s: max(sec["budgets"]) for s, sec in sections.items()}
+    if "acceptance" not in sections or len(set(largest.values())) != 1:
+        sys.exit(f"error: the profile needs every drafter's curve up to one budget (it has {largest}); "
+                 f"measure it with --max-tree")
+    pair = sections["acceptance"]["pair"]
+    source = (f"measured with `{command}` on {pair}, the calibration prompts (offspec/data/calibration.jsonl), "
+              f"greedy, {sections['acceptance']['passes']} passes per drafter; used by --budget auto before a pair "
+              f"is profiled, and online adaptation rescales it")
+    data = {"format": ACCEPTANCE_FORMAT, "version": VERSION, "sources": [source], **sections}
+    validate(data, "acceptance prior", ACCEPTANCE_FILE_SCHEMA)
+    out = ROOT / "offspec" / "data" / "acceptance_prior.json"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, out)  # never a half-written prior
+    print(f"wrote {out.relative_to(ROOT)}: " + ", ".join(
+        f"{s} accepted {sec['accepted'][-1]} at budget {max(sec['budgets'])}" for s, sec in sections.items()))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])
