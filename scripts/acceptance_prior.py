@@ -21,7 +21,10 @@ from offspec.profile.store import ACCEPTANCE_SECTIONS  # noqa: E402
 
 
 def main(profile_path: str, command: str) -> None:
-    profile = json.loads(Path(profile_path).read_text(encoding="utf-8"))
+    try:
+        profile = json.loads(Path(profile_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        sys.exit(f"error: cannot read the profile {profile_path}: {exc}; write one with `offspec profile --out`")
     sections = {s: profile[s] for s in ACCEPTANCE_SECTIONS.values() if s in profile}
     largest = {s: max(sec["budgets"]) for s, sec in sections.items()}
     if "acceptance" not in sections or len(set(largest.values())) != 1:
