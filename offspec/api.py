@@ -8,8 +8,8 @@ from typing import Any, Optional
 import torch
 
 from .cpu_linear import speed_up_cpu_linears
-from .config import (NO_DRAFT, GenerationConfig, LoadConfig, TreeConfig, budget_room_error, split_auto_budget,
-                     split_options)
+from .config import (NO_DRAFT, GenerationConfig, LoadConfig, TreeConfig, budget_room_error, draft_vocab_setting,
+                     split_auto_budget, split_options)
 from .device import (check_device_budget, is_out_of_memory, out_of_memory_error, resolve_device, resolve_dtype,
                      use_device)
 from .hybrid import build_drafter
@@ -18,7 +18,7 @@ from .errors import OffspecError
 from .generator import Generator
 from .offload.config import OffloadConfig
 from .progress import ProgressEvent, ProgressFn, no_progress
-from .runner import ModelRunner
+from .runner import PREFILL_CHUNK, ModelRunner
 from .threads import configure_threads
 from .types import ModelInfo
 
@@ -104,7 +104,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
                                offload=offload), None
         else:
             t, d = load_pair(load_cfg.target, load_cfg.draft, device=device, dtype=dtype,
-                             attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload)
+                             attn_implementation=load_cfg.attn_implementation, progress=progress, offload=offload,
+                             draft_vocab=draft_vocab_setting(load_cfg.draft_vocab))
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -132,6 +133,9 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64) if d is not None else None
     if t.offload is not None and t.offload.streamer is not None:
         target_runner.io = t.offload.streamer  # offloading: bytes streamed and io wait per pass (PassStats)
+    if draft_runner is not None and fitted is not None and fitted.prefill_tokens < PREFILL_CHUNK:
+        # the placement reserved the draft's activations for prefill passes this long (offload.estimates)
+        draft_runner.prefill_chunk = lambda cached, remaining, most=fitted.prefill_tokens: min(remaining, most)
     if t.offload is not None and t.offload.placement.streams:  # every pass streams the layers: fewest prefill passes
         from .offload.prefill import chunk_planner
 
@@ -144,6 +148,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
                      dtype=str(dtype).replace("torch.", ""), max_context=max_context, default_budget=tree_cfg.budget,
                      extra={"budget_source": "fixed" if plan.fixed_budget else "default",
                             "drafter": tree_cfg.drafter})
+    if draft_runner is not None and draft_runner.vocab_ids is not None:  # the draft's reduced LM head
+        info.extra["draft_vocab"] = int(draft_runner.vocab_ids.numel())
     if t.offload is not None:
         info.extra["placement"] = t.offload.summary()  # offloading: where the target's layers live
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, gen_cfg)

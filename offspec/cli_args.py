@@ -37,6 +37,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", help="target model: local HF dir, .gguf file or hub id (default: built-in pair)")
     g.add_argument("--draft", help="draft model, same forms; must share the target's tokenizer; `none`: no draft "
                    "model, the target speculates with suffix drafts alone (any target)")
+    g.add_argument("--draft-vocab", metavar="N|auto|full", help="tokens the draft's LM head scores: its N most "
+                   "frequent (default auto: 65536 where a ranks table knows the tokenizer, else all), or full; the "
+                   "target scores every token (lossless either way)")
     g.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     g.add_argument("--max-context", type=int, help=f"context limit in tokens (default {_LOAD.max_context})")
@@ -94,7 +97,7 @@ def generation_options(args: argparse.Namespace) -> dict:
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword options for `offspec.load` from parsed CLI flags (flags not given are left out)."""
     names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth",
-             "drafter", "device_mem", "ram_mem", "quant", "draft_quant", "offload_dir", "threads"]
+             "drafter", "device_mem", "ram_mem", "quant", "draft_quant", "draft_vocab", "offload_dir", "threads"]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "chain", None) is not None:
         if options.get("drafter", "model") != "model":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .errors import OffspecError
 from .gain import PassCost
@@ -157,6 +157,9 @@ class LoadConfig:
     ram_mem: Optional[str] = None  # host RAM budget for streamed layers; None = what is free minus headroom
     quant: str = "none"  # a float target quantized once: none, int4 (ggml Q4_1), int8 (ggml Q8_0), nf4 (CUDA)
     draft_quant: str = "none"  # the same for a float draft (a GGUF keeps its own format)
+    # the draft's LM head: "auto" (its 65,536 most frequent tokens where a ranks table knows its tokenizer, else
+    # all), "full", or a token count (offspec/draft_vocab.py); the target always scores every token
+    draft_vocab: Union[str, int] = "auto"
     offload_dir: Optional[str] = None  # where packed per-layer files live; None = the cache dir
     # CPU threads of torch; None = auto: the cores other processes leave free, re-checked while generating
     threads: Optional[int] = None
@@ -172,10 +175,32 @@ class LoadConfig:
             raise OffspecError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
         if self.threads is not None and (not _is_int(self.threads) or self.threads <= 0):
             raise OffspecError(f"threads must be a positive whole number (or auto), got {self.threads!r}")
+        draft_vocab_setting(self.draft_vocab)  # one line for a bad value, before anything loads
         for name in ("quant", "draft_quant"):
             if getattr(self, name) not in QUANTS:
                 raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, int4, int8 or nf4")
         return self
+
+
+def draft_vocab_setting(value: Union[str, int, None]) -> Union[str, int]:
+    """"auto", "full" or a row count >= 1 from a flag or option value; anything else is one OffspecError line."""
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        raise OffspecError(f"draft_vocab must be auto, full or a token count, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        text = str(value).strip().lower()
+        if text in ("auto", "full"):
+            return text
+        try:
+            n = int(text)
+        except ValueError:
+            raise OffspecError(f"draft_vocab must be auto, full or a token count like 32768, got {value!r}") from None
+    if n < 1:
+        raise OffspecError(f"draft_vocab must be a token count >= 1 (or auto / full), got {n}")
+    return n
 
 
 def generation_configs(options: dict[str, Any]) -> tuple[SamplingConfig, GenerationConfig]:

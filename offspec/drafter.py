@@ -58,9 +58,11 @@ class TreeDrafter:
 
     def reset(self, previous: Sequence[int], tokens: Sequence[int], common: int) -> None:
         self.runner.cache.truncate(common)
+        self.runner.refresh_tokens(tokens[:common])  # a reduced head's rows for the conversation it keeps
 
     def forget(self) -> None:
         self.runner.cache.truncate(0)
+        self.runner.forget_tokens()
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], config: TreeConfig, temperature: float,
@@ -100,9 +102,9 @@ class TreeDrafter:
 
     def _add_children(self, tree: DraftTree, parents: torch.Tensor, hidden: torch.Tensor, config: TreeConfig,
                       temperature: float) -> None:
-        logp = draft_logprobs(self.runner.logits(hidden), temperature)  # (k, V)
+        logp = draft_logprobs(self.runner.logits(hidden), temperature)  # (k, V) or (k, n) of a reduced head
         top = torch.topk(logp, min(config.branch, logp.shape[-1]), dim=-1)  # (k, branch)
-        tree.add_children(parents, top.indices, top.values)
+        tree.add_children(parents, self.runner.token_ids(top.indices), top.values)
         tree.trim(config.budget)
 
     def observe(self, accepted: list[int], n_committed: int) -> None:

@@ -124,12 +124,14 @@ def _check_quant(located: ResolvedModel, quant: str, flag: str, device: torch.de
 
 def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: Union[torch.device, str],
               dtype: torch.dtype, attn_implementation: str = "sdpa",
-              progress: ProgressFn = no_progress, offload: Any = None) -> tuple[LoadedModel, LoadedModel]:
+              progress: ProgressFn = no_progress, offload: Any = None,
+              draft_vocab: Union[str, int] = "auto") -> tuple[LoadedModel, LoadedModel]:
     """Locate, check, convert and load a target and its draft.
 
     Tokenizers are compared before anything is converted or loaded: a draft that cannot serve the target costs
     no conversion. A converted GGUF always loads through its weight store (its ggml blocks), which needs
-    `offload` (an OffloadConfig; offspec.load always passes one)."""
+    `offload` (an OffloadConfig; offspec.load always passes one). The draft's LM head keeps the rows
+    `draft_vocab` asks for (offspec/draft_vocab.py) before the target is placed, so placement counts what stays."""
     target_loc = locate_model(target_spec, "target", progress=progress)
     draft_loc = locate_model(draft_spec, "draft", progress=progress)
     if offload is not None:
@@ -143,18 +145,27 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
         offload = OffloadConfig()
     kwargs = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, progress=progress)
 
+    def draft_head(model: Any, source: Optional[torch.Tensor] = None) -> None:
+        from .draft_vocab import reduce_draft_head
+
+        line = reduce_draft_head(model, draft_tok, draft_vocab, source)
+        if line is not None:
+            progress(ProgressEvent("load", line, 1, 1, finished=True))
+
     def convert_and_load() -> tuple[LoadedModel, LoadedModel]:
         target_res, draft_res = convert_located(target_loc, progress), convert_located(draft_loc, progress)
         if offload is None:
-            return load_model(target_res, tokenizer=target_tok, **kwargs), load_model(draft_res, tokenizer=draft_tok,
-                                                                                      **kwargs)
+            target = load_model(target_res, tokenizer=target_tok, **kwargs)
+            draft = load_model(draft_res, tokenizer=draft_tok, **kwargs)
+            draft_head(draft.model)
+            return target, draft
         # offloading (offspec/offload): the draft loads first, then the target's decoder layers are placed under
         # the device/RAM budgets of `offload` (an OffloadConfig) and streamed as needed
         from .offload.model import load_offloaded_pair
 
         return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
                                    dtype=dtype, attn_implementation=attn_implementation, config=offload,
-                                   progress=progress, load_model=load_model)
+                                   progress=progress, load_model=load_model, draft_head=draft_head)
 
     return _rebuilding_once(convert_and_load, progress)
 

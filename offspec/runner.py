@@ -7,7 +7,8 @@ needed (a 4096-node tree times a 152k vocabulary would be gigabytes of logits).
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+import inspect
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -36,12 +37,18 @@ class ModelRunner:
     def __init__(self, model, capacity: int, exact: bool = False):
         self.model = model
         self.body = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
+        head = model.get_output_embeddings()
+        # a draft's reduced head (offspec/draft_vocab.py) computes the rows of `vocab_ids` only, and takes a row for
+        # every token the runner is given (`extend`)
+        self.subset_head = head if hasattr(head, "subset") and hasattr(head, "admit") else None
+        self.lm_head = head.subset if self.subset_head is not None else head
         self.device, self.dtype = compute_device_and_dtype(model)
         self.exact = exact
         install_attention(model)  # SDPA, or exact attention within `exact_attention(True)`
         self.capacity = capacity
         self.cache = SlotKVCache(model.config.num_hidden_layers, capacity)
+        # transformers >= 5.2x names the cache argument `cache` (warning on `past_key_values`); earlier 5.x do not
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
         self._min = torch.finfo(self.dtype).min
         self.io = None  # an offloading streamer with `counters() -> (bytes streamed, seconds waited)`, if any
         # (tokens cached, tokens left to prefill) -> tokens in the next prefill pass; a streamed target takes the
@@ -72,7 +79,7 @@ class ModelRunner:
         self.cache.prepare(slots, kv_len)
         with exact_attention(self.exact):
             out = self.body(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
-                            past_key_values=self.cache, use_cache=True)
+                            use_cache=True, **{self._cache_arg: self.cache})
         return out.last_hidden_state[0]
 
     @functools.cached_property
@@ -86,8 +93,31 @@ class ModelRunner:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., hidden) -> (..., vocab) logits."""
+        """(..., hidden) -> (..., vocab) logits; with a reduced head (`vocab_ids` set: a draft), (..., n) logits of
+        the tokens `vocab_ids` (map an index i back with `token_ids`)."""
         return self.lm_head(hidden)
+
+    @property
+    def vocab_ids(self) -> Optional[torch.Tensor]:
+        """(n,) the token ids `logits` scores, in its order, for a reduced head; None for a whole one."""
+        return None if self.subset_head is None else self.subset_head.token_ids
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into `logits`' last dimension (the same where the head is whole)."""
+        return indices if self.subset_head is None else self.subset_head.ids[indices]
+
+    def forget_tokens(self) -> None:
+        """A reduced head drops the rows it took for the conversation's tokens (a new session)."""
+        if self.subset_head is not None:
+            self.subset_head.forget()
+
+    def refresh_tokens(self, kept: Sequence[int]) -> None:
+        """The conversation changed and keeps the cached tokens `kept`: a reduced head more than half full of rows
+        for earlier conversations' tokens starts over from these (later tokens are admitted as they come)."""
+        head = self.subset_head
+        if head is not None and head.n - head.static > (head.rows.shape[0] - head.static) // 2:
+            head.forget()
+            head.admit(kept)
 
     @torch.inference_mode()
     def extend(self, tokens: list[int], chunk: Optional[int] = None) -> torch.Tensor:
@@ -95,6 +125,8 @@ class ModelRunner:
         `prefill_chunk` says); return the last token's hidden state (hidden,)."""
         hidden = None
         start = 0
+        if self.subset_head is not None:
+            self.subset_head.admit(tokens)  # tokens the conversation uses can be drafted from now on
         while start < len(tokens):
             base = self.cache.length
             size = chunk if chunk is not None else max(1, self.prefill_chunk(base, len(tokens) - start))

@@ -49,6 +49,15 @@ class BigramRunner:
         self.logits_rows.append(hidden[..., 0].long().reshape(-1).tolist())
         return self.logp[hidden[..., 0].long()]
 
+    def token_ids(self, indices):
+        return indices  # a whole head: logits index i is token i
+
+    def forget_tokens(self) -> None:
+        pass
+
+    def refresh_tokens(self, kept) -> None:
+        pass
+
     def extend(self, tokens, chunk: int = 512):
         self.forward_calls.append(dict(extend=list(tokens)))
         self.cache.length += len(tokens)

@@ -39,6 +39,7 @@ BAD_OPTIONS = [
     (["--budget", "100", "--max-budget", "10"], "raise it with --max-budget 100"),
     (["--chain", "0"], "budget must be a positive integer"),
     (["--device-mem", "banana"], "device_mem"),
+    (["--draft-vocab", "lots"], "draft_vocab must be auto, full or a token count"),
 ]
 
 

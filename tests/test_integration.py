@@ -18,6 +18,8 @@ def default_pair():
 @pytest.mark.integration
 def test_default_pair_speculative_greedy_equals_plain_greedy(default_pair):
     assert default_pair.engine.target.head_is_row_invariant  # the walk reads the LM head rows in batches
+    # the shipped ranks table knows the pair's tokenizer: the draft's head keeps 65,536 tokens + the special ones
+    assert 65536 < default_pair.info.extra["draft_vocab"] < 65536 + 100
     prompt = "Write a Python function that checks whether a number is prime, with a docstring."
     plain = default_pair.generate(prompt, max_new_tokens=64, speculate=False)
     spec = default_pair.generate(prompt, max_new_tokens=64, budget=32)

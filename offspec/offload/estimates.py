@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 def _text(config: Any) -> Any:
@@ -57,8 +57,15 @@ def target_headroom(config: Any, max_context: int, max_budget: int, elem: int,
     return kv_cache_bytes(config, ctx + tree, elem), act
 
 
-def draft_headroom(config: Any, max_context: int, max_budget: int, elem: int) -> int:
-    """KV cache and activations of the draft (its cache also keeps scratch slots for the growing tree)."""
+def draft_headroom(config: Any, max_context: int, max_budget: int, elem: int, prefill_tokens: int = PREFILL_TOKENS,
+                   head_rows: Optional[int] = None) -> int:
+    """KV cache and activations of the draft (its cache also keeps scratch slots for the growing tree): its prefill
+    passes hold at most `prefill_tokens` tokens (offspec.api sizes its chunks alike), and its logits rows have
+    `head_rows` entries (a reduced head, offspec/draft_vocab.py; None: the vocabulary)."""
     ctx = context_limit(config, max_context)
     slots = ctx + 2 * (max_budget + 1) + 64  # as offspec.api sizes the draft's cache
-    return kv_cache_bytes(config, slots, elem) + activation_bytes(config, 512, slots, elem, DRAFT_LOGIT_ROWS)
+    tokens = min(prefill_tokens, PREFILL_TOKENS, ctx)
+    act = activation_bytes(config, tokens, slots, elem, DRAFT_LOGIT_ROWS)
+    if head_rows is not None:  # the logits of a reduced head are narrower
+        act -= DRAFT_LOGIT_ROWS * (_dims(config)[-1] - head_rows) * 4
+    return kv_cache_bytes(config, slots, elem) + act

@@ -21,7 +21,7 @@ from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_line
 from .checkpoint import Checkpoint
 from .config import OffloadConfig
 from .diskio import FileReader, aligned_empty
-from .packed import HEADER, LayerSpec, PackedSet, mark_corrupt, payload_crc
+from .packed import HEADER, LayerSpec, PackedSet, dtype_of, mark_corrupt, payload_crc
 from .placement import Placement
 from .skeleton import Skeleton
 from .streamer import LayerSource, LayerStreamer
@@ -127,6 +127,18 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
         _bind_payload(sk.model, espec, torch.from_numpy(mapped), dtype)  # host pages, read only where asked
     if sk.tied:
         sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
+
+
+def mapped_tensor(packed: PackedSet, name: str) -> Optional[torch.Tensor]:
+    """A host view of tensor `name` of the store's resident parts (`other`, `embed`), memory-mapped from its file:
+    its pages are read only where touched, and not kept resident. None where the store has no such tensor."""
+    for extra, spec in packed.extras.items():
+        for t in spec.tensors:
+            if t.name == name:
+                mapped = np.memmap(packed.extra_path(extra), dtype=np.uint8, mode="c", offset=HEADER + t.offset,
+                                   shape=(t.nbytes,))
+                return torch.from_numpy(mapped).view(dtype_of(t.dtype)).view(t.shape)
+    return None
 
 
 def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, placement: Placement, device: torch.device,

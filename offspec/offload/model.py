@@ -36,7 +36,7 @@ from .packed import LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corru
 from .placement import ModelSizes, Placement, forced, plan_placement
 from .quant import BLOCKSIZE, quantize_weight
 from .skeleton import Skeleton, from_checkpoint, from_store
-from .materialize import CorruptPart, materialize, owner_of
+from .materialize import CorruptPart, mapped_tensor, materialize, owner_of
 from .streamer import LayerStreamer
 
 
@@ -49,6 +49,7 @@ class OffloadHandle:
     packed_dir: Optional[Path] = None
     weights: Optional[dict] = None  # {ggml type name: bytes} of the low-bit weights, None for float models
     config: Optional[OffloadConfig] = None  # the config placed under (its limits lowered to fit: fit_limits)
+    packed: Optional[PackedSet] = None  # the weight store it was materialized from
 
     def summary(self) -> dict:
         out = self.placement.summary()
@@ -234,7 +235,8 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
             raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc2}); "
                                f"check the disk, or use another --offload-dir") from None
     trim_heap()  # packing and loading freed many temporaries
-    return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model), config)
+    return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model), config,
+                                   packed)
 
 
 def trim_heap() -> None:
@@ -260,26 +262,39 @@ def resident_bytes(model: nn.Module) -> int:
 
 def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_tok: Any, *, device: torch.device,
                         dtype: torch.dtype, attn_implementation: str, config: OffloadConfig,
-                        load_model: Callable, progress: ProgressFn = no_progress):
+                        load_model: Callable, progress: ProgressFn = no_progress,
+                        draft_head: Optional[Callable[[nn.Module, Optional[torch.Tensor]], None]] = None):
     """offspec.loading.load_pair with offloading: the draft first (resident; quantized if asked or stored so),
     then the target placed under the budgets with the draft counted as resident. Returns (target, draft).
-    `load_model` is offspec.loading.load_model (the plain load of a float model that needs no offloading)."""
+    `load_model` is offspec.loading.load_model (the plain load of a float model that needs no offloading);
+    `draft_head(model, source)` may reduce the draft's LM head before its bytes are counted (offspec/draft_vocab.py);
+    `source` is the full head memory-mapped from the draft's store (None for a draft loaded the plain way)."""
     from ..loaded import LoadedModel
 
     device = torch.device(device)
+    source = None  # the draft's full LM head, memory-mapped from its store
     if getattr(draft_res, "store", None) is None and config.draft_quant == "none":
         draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                            progress=progress, tokenizer=draft_tok)
     else:
-        model, _ = load_offloaded(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                                  config=replace(config, quant=config.draft_quant), progress=progress,
-                                  tiers="device", report=False)  # resident, from its packed store
+        model, handle = load_offloaded(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                                       config=replace(config, quant=config.draft_quant), progress=progress,
+                                       tiers="device", report=False)  # resident, from its packed store
         draft = LoadedModel(name=draft_res.name, path=draft_res.path, model=model, tokenizer=draft_tok)
+        head = model.get_output_embeddings()
+        head_name = next((f"{n}.qweight" for n, m in model.named_modules() if m is head), None)
+        if isinstance(head, QLinear) and handle.packed is not None and head_name is not None:
+            source = mapped_tensor(handle.packed, head_name)
+    if draft_head is not None:
+        draft_head(draft.model, source)
+        trim_heap()
     elem = torch.empty((), dtype=dtype).element_size()
     draft_bytes = resident_bytes(draft.model)
+    rows = getattr(draft.model.get_output_embeddings(), "ids", None)  # a reduced head's token ids
 
     def extra(cfg: OffloadConfig) -> int:  # the draft's weights, KV cache and activations under cfg's limits
-        return draft_bytes + draft_headroom(draft.model.config, cfg.max_context, cfg.max_budget, elem)
+        return draft_bytes + draft_headroom(draft.model.config, cfg.max_context, cfg.max_budget, elem,
+                                            cfg.prefill_tokens, None if rows is None else int(rows.numel()))
 
     model, handle = load_offloaded(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                    config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes)

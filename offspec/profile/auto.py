@@ -44,6 +44,8 @@ def pair_key(generator, load_cfg: Any) -> dict:
 
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none")}
+    if "draft_vocab" in info.extra:  # a reduced draft head: other draft steps and acceptance (full heads: no key)
+        models["draft_vocab"] = info.extra["draft_vocab"]
     if generator.engine.target.device.type == "cpu":  # low-bit weights: which build of offspec's kernels, or torch's
         models["kernels"] = kernels.kernel_build()
     return profile_key(identity(generator.engine.target.device), models, info.extra.get("placement"))

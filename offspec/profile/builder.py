@@ -35,7 +35,7 @@ def build_profile(generator, load_cfg: Any, *, quick: bool = False, prompts: Opt
               "target_params": model_params(engine.target.model),
               "draft_params": model_params(engine.drafter.runner.model) if engine.drafter.runner is not None else None,
               "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none"),
-              "placement": info.extra.get("placement")}
+              "draft_vocab": info.extra.get("draft_vocab"), "placement": info.extra.get("placement")}
     data = {"format": "offspec-profile", "version": 1, "kind": "measured",
             "name": f"{hardware['device_name']}: {info.target} + {info.draft}",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "offspec_version": __version__,

@@ -94,6 +94,7 @@ SCHEMA: dict[str, Any] = {
                 "target": {"type": "string"}, "draft": {"type": "string"}, "dtype": {"type": "string"},
                 "target_params": _OPT_INT, "draft_params": _OPT_INT,
                 "quant": {"type": "string"}, "draft_quant": {"type": "string"},
+                "draft_vocab": {**_OPT_INT, "description": "tokens the draft's reduced LM head scores (null: all)"},
                 "placement": {"type": ["object", "string", "null"]},
             },
         },
