@@ -98,6 +98,11 @@ def test_budget_too_small_is_one_line_saying_what_to_do(device, cfg, flag):
     suggested = parse_size(message.split(flag + " ")[1].split()[0])
     fixed = {"--device-mem": dict(device_mem=suggested), "--ram-mem": dict(ram_mem=suggested)}[flag]
     plan_placement(_sizes(), device, OffloadConfig(**{**cfg.__dict__, **fixed}))  # the suggestion works
+    assert "--draft none" not in message  # no draft: nothing to say of it
+    if flag == "--device-mem":  # a resident draft shares the device budget: the message says what it takes
+        with pytest.raises(OffspecError) as info:
+            plan_placement(_sizes(extra=40), device, cfg)
+        assert "(the draft takes 40 B of them: a smaller --draft-vocab frees some, --draft none all)" in str(info.value)
 
 
 def test_bad_options_are_one_line_errors():

@@ -141,6 +141,14 @@ def _suggest(n: float) -> str:
     return f"{int(n)}B"
 
 
+def _draft_hint(sizes: ModelSizes) -> str:
+    """The end of a too-small-budget message where a resident draft takes part of the budget."""
+    if sizes.extra_bytes <= 0:
+        return ""
+    return (f" (the draft takes {format_size(sizes.extra_bytes)} of them: a smaller --draft-vocab frees some, "
+            f"--draft none all)")
+
+
 def ram_bytes(payload: int) -> int:
     """Host bytes a RAM-tier layer really takes (and pins on CUDA): its packed file (header + payload padded
     to 4 KiB), page-rounded (offspec.offload.hostmem allocates whole pages, never powers of two)."""
@@ -214,7 +222,7 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
             f"device memory budget {format_size(device_budget)} is too small: the resident parts need "
             f"{format_size(resident)} (embeddings, LM head, KV caches, activations, draft, workspace) plus "
             f"{format_size(ring)} for {config.ring_slots} streaming slots; use --device-mem {_suggest(need)} "
-            f"or more, or lower --max-context / --max-budget")
+            f"or more, or lower --max-context / --max-budget{_draft_hint(sizes)}")
     everything = list(range(n))
 
     host = [ram_bytes(b) for b in layer]  # what each layer would really take in RAM
@@ -233,7 +241,8 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
                     f"device memory budget {format_size(device_budget)} is too small: resident parts, streaming "
                     f"slots and SSD staging buffers need {format_size(resident + ssd_ring + staging)}; use "
                     f"--device-mem {_suggest(resident + ssd_ring + staging)} or more, "
-                    f"give a --ram-mem for the streamed layers, or lower --max-context / --max-budget")
+                    f"give a --ram-mem for the streamed layers, or lower --max-context / --max-budget"
+                    f"{_draft_hint(sizes)}")
             on_device, in_ram = place(room, ram_budget)
         else:
             if ram_budget < staging:
