@@ -118,7 +118,7 @@ def test_find_profile_in_the_config_dir(tmp_path, monkeypatch):
     assert store.find_profile(data["key"]) == tmp_path / "profiles" / f"{data['fingerprint']}.json"
 
 
-def test_stale_profiles_are_those_of_another_kernel_build_only(tmp_path, monkeypatch):
+def test_stale_profiles_are_those_of_another_kernel_build_or_draft_head_only(tmp_path, monkeypatch):
     monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path))
     hw = {"device_type": "cpu", "device_name": "Test CPU"}
     key = store.profile_key(hw, {"target": "t", "draft": "d", "kernels": "compiled new"}, None)
@@ -137,7 +137,13 @@ def test_stale_profiles_are_those_of_another_kernel_build_only(tmp_path, monkeyp
     (tmp_path / "profiles" / "broken.json").write_text("{not json")
     (tmp_path / "profiles" / "list.json").write_text("[1, 2]")
     (tmp_path / "profiles" / "odd.json").write_text(json.dumps({"key": {"models": ["t"]}}))
-    assert store.stale_profiles(key) == [old]
+    assert store.stale_profiles(key) == [(old, "another build of offspec's CPU kernels")]
+    # a profile measured with another draft head (--draft-vocab), or with a whole one where it is now reduced
+    reduced = store.profile_key(hw, {"target": "t", "draft": "d", "kernels": "compiled new", "draft_vocab": 65558}, None)
+    whole = store.find_profile(key)
+    assert sorted(store.stale_profiles(reduced)) == sorted([
+        (old, "another build of offspec's CPU kernels and another draft vocabulary (--draft-vocab)"),
+        (whole, "another draft vocabulary (--draft-vocab)")])
 
 
 def test_shipped_reference_profiles_are_valid_and_documented():

@@ -132,9 +132,10 @@ def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] =
         basis = (f"start-up estimate: {detail}; acceptance: prior curves measured with {pair}; "
                  f"run `offspec profile` to measure this pair")
         stale = stale_profiles(key)
-        if stale:  # measured before the CPU kernels changed: say why it is not used
-            note = (f"profile {stale[-1]} was measured with another build of offspec's CPU kernels, so its timings "
-                    f"are not used; run `offspec profile` to measure this build")
+        if stale:  # measured with other CPU kernels or another draft head: say why it is not used
+            path, what = stale[-1]
+            note = (f"profile {path} was measured with {what}, so its timings are not used; run `offspec profile` "
+                    f"to measure this set-up")
             basis += f"; {note}"
             progress(ProgressEvent("stale-profile", note, 1, 1, finished=True))
     default = generator.tree.drafter

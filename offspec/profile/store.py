@@ -85,24 +85,35 @@ def find_profile(key: dict) -> Optional[Path]:
     return path if path.is_file() else None
 
 
-def _without_kernels(key: dict) -> str:
-    """A profile key as text, leaving out which build of the CPU kernels it was measured with."""
+# what a profile's timings depend on beside the machine, the pair and the placement: the build of the CPU kernels
+# and the rows of the draft's LM head (offspec/draft_vocab.py; absent: all). Saved profiles that differ only there
+# are named at load as measured with something else (`stale_profiles`).
+MEASURED_WITH = {"kernels": "another build of offspec's CPU kernels",
+                 "draft_vocab": "another draft vocabulary (--draft-vocab)"}
+
+
+def _without_build(key: dict) -> str:
+    """A profile key as text, leaving out what it was measured with (MEASURED_WITH)."""
     models = key.get("models")
-    models = {k: v for k, v in models.items() if k != "kernels"} if isinstance(models, dict) else models
+    models = {k: v for k, v in models.items() if k not in MEASURED_WITH} if isinstance(models, dict) else models
     return json.dumps(_canonical({**key, "models": models}), sort_keys=True)
 
 
-def stale_profiles(key: dict) -> list[Path]:
-    """Saved profiles of this machine, pair and placement measured with another build of the CPU kernels (their
-    timings no longer hold, so `find_profile` does not match them; `offspec profile` measures again)."""
-    want, found = _without_kernels(key), []
+def stale_profiles(key: dict) -> list[tuple[Path, str]]:
+    """Saved profiles of this machine, pair and placement measured with another build of the CPU kernels or another
+    draft vocabulary (their timings no longer hold, so `find_profile` does not match them; `offspec profile`
+    measures again), each with what it was measured with ("another build of offspec's CPU kernels", ...)."""
+    want, found = _without_build(key), []
+    models = key.get("models") if isinstance(key.get("models"), dict) else {}
     for path in sorted(profiles_dir().glob("*.json")) if profiles_dir().is_dir() else []:
         try:
             saved = json.loads(path.read_text(encoding="utf-8")).get("key")
         except (OSError, ValueError, AttributeError):
             continue  # unreadable or not a profile: `offspec profile` and `find_profile` report those
-        if isinstance(saved, dict) and saved != key and _without_kernels(saved) == want:
-            found.append(path)
+        if isinstance(saved, dict) and saved != key and _without_build(saved) == want:
+            other = saved.get("models", {})
+            found.append((path, " and ".join(what for name, what in MEASURED_WITH.items()
+                                             if other.get(name) != models.get(name))))
     return found
 
 
