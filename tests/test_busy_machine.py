@@ -269,3 +269,41 @@ def test_generator_resets_timing_when_the_thread_count_changes(tiny_pair):
         tiny_pair.threads, tiny_pair.policy = saved
         tiny_pair.info.extra.pop("threads", None)
     assert result.n_passes == 4 and calls == ["observe", "reset", "observe", "observe", "observe"]
+
+
+def test_guard_of_a_suffix_capable_policy_weighs_the_tree_against_gated_suffix_passes():
+    """Hybrid (gate_suffix): the passes without the planned tree are gated suffix passes, counted by the tokens
+    they emit. A tree that beats the target alone but loses to copying is turned off for gated passes, not plain
+    ones; the model drafter's policy (no gate) still compares with the target alone."""
+    c = costs()
+    for gate in (True, False):
+        p = AdaptiveBudget(c, acceptance(), PlannerConfig(budgets=BUDGETS), AdaptConfig(), guard=GuardConfig(),
+                           gate_suffix=gate)
+        assert p.plan.speculates and not p.gated
+        planned = p.plan.best.budget
+        kinds = []
+        for _ in range(60):
+            if not p.use_tree():
+                kinds.append("plain")  # the target alone: as fast per token as the trees here (same tokens/s)
+                p.observe(PassStats(tree_size=0, accepted=0, emitted=1, draft_seconds=0.0, target_seconds=0.3,
+                                    budget=0))
+                continue
+            tree = p.next_tree(TreeConfig(confident_budget=32))
+            if tree.drafter == "suffix":  # a gated pass: no draft step; copying takes 5 tokens in a 0.32 s pass
+                kinds.append("gated")
+                assert tree.budget == 32 and tree.pass_cost is not None
+                p.observe(PassStats(tree_size=6, accepted=5, emitted=6, draft_seconds=0.001, target_seconds=0.32,
+                                    budget=32, drafter="suffix"))
+                continue
+            kinds.append("tree")
+            expected = 1 + min(acceptance()(tree.budget, tree.max_depth), tree.budget)
+            seconds = expected * 0.3  # as fast per token as the target alone
+            p.observe(PassStats(tree_size=tree.budget, accepted=round(expected - 1), emitted=round(expected),
+                                draft_seconds=seconds / 2, target_seconds=seconds / 2, budget=tree.budget))
+        if gate:
+            assert "plain" not in kinds and kinds[:4] == ["tree"] * 4 and kinds[4] == "gated"
+            assert not p.guard.trees_on and kinds[-20:].count("gated") >= 18
+            assert p.summary()["gated_suffix"] is True and p.gated_passes >= 40
+        else:
+            assert "gated" not in kinds and p.guard.trees_on  # the target alone does not beat the tree
+            assert p.plan.best.budget == planned

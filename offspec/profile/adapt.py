@@ -13,7 +13,9 @@ thread count, a slower disk), the policy re-plans with the draft's and the targe
 ratios. Passes without a tree time the target alone; the draft's scale then follows the target's.
 
 Measured, not predicted: a `SpeedGuard` (offspec/profile/guard.py) times the planned tree against the target
-alone under the current conditions and turns trees off while the target alone is measurably faster.
+alone under the current conditions and turns trees off while the target alone is measurably faster. Where the
+policy gates suffix candidates (`gate_suffix`), the passes without the planned tree are gated suffix passes
+instead of the target alone, and the guard weighs the tree against those.
 
 Each pass's tree comes from `next_tree()` when `use_tree()` says so, so PassStats.budget shows the budget
 in force; `summary()` (also kept in `info.extra["budget_adaptive"]`) shows the scales, the observed vs
@@ -86,6 +88,7 @@ class AdaptiveBudget:
         self.gate_suffix = gate_suffix  # suffix candidates may run per pass where the plan has no tree (see above)
         self.gated_passes = self.gated_trees = self.gated_accepted = 0  # passes, those with a tree, tokens taken
         self._gated_pass = False  # the tree of the pass being observed came from the gate
+        self._guard_gated = False  # ... because the guard took it instead of the planned tree (gate_suffix)
         self.plan: Plan = plan(costs, acceptance, planner)
         self.initial_plan = self.plan
         self.base_tree = self.plan.tree()  # the generator applies this policy while its `tree` is this object
@@ -129,13 +132,17 @@ class AdaptiveBudget:
         draft's time gets measured again; a plan that never had trees (the profile's) is trusted. Gated
         suffix passes always propose (the candidates that do not pay are dropped, all of them if need be)."""
         self._gated_pass = False  # set again by next_tree(): a pass that never reached observe() leaves nothing behind
+        self._guard_gated = False
         if self.gated:
             return True
         if self.guard is None:
             return self.plan.speculates
         if not self.plan.speculates and not self.replans:
             return False
-        return self.guard.wants_tree(planned=self.plan.speculates)
+        if self.guard.wants_tree(planned=self.plan.speculates):
+            return True
+        self._guard_gated = self.gate_suffix  # not the planned tree: a gated suffix pass where this drafter can
+        return self._guard_gated
 
     def pass_cost(self, nodes: int) -> PassCost:
         """The target pass's cost model under the current timing scale, linear up to `nodes` tree nodes."""
@@ -147,7 +154,7 @@ class AdaptiveBudget:
     def next_tree(self, base: TreeConfig) -> TreeConfig:
         """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's.
         Gated: the suffix drafter alone, up to `confident_budget` candidates, cut to what pays."""
-        self._gated_pass = self.gated
+        self._gated_pass = self.gated or self._guard_gated
         if self._gated_pass:
             nodes = max(1, min(base.confident_budget or base.budget, self.planner.max_budget))
             return replace(base, budget=nodes, confident_budget=nodes, max_depth=nodes, drafter="suffix",
@@ -166,6 +173,9 @@ class AdaptiveBudget:
         if self._gated_pass:
             self._gated_pass = False
             self._observe_gated(stats)
+            if self._guard_gated and (stats.draft_seconds > 0 or stats.target_seconds > 0):
+                self.guard.observe_plain(stats.draft_seconds + stats.target_seconds, 1.0 + stats.accepted)
+            self._guard_gated = False
             self._publish()
             return
         if stats.tree_size > stats.budget > 0:  # a confident suffix pass beyond the budget
@@ -295,7 +305,8 @@ class AdaptiveBudget:
                 "predicted_tokens_per_second": round(self.plan.best.tokens_per_second, 4),
                 "draft_time_scale": round(self.draft_time_scale, 4),
                 "target_time_scale": round(self.target_time_scale, 4),
-                "speculate": self.speculates, "gated_suffix": self.gated,
+                "speculate": self.speculates,
+                "gated_suffix": self.gated or (self.gate_suffix and self.guard is not None and not self.guard.trees_on),
                 "gated": {"passes": self.gated_passes, "with_tree": self.gated_trees, "accepted": self.gated_accepted},
                 "guard": self.guard.summary() if self.guard is not None else None,
                 "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]]}

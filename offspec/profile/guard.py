@@ -1,4 +1,4 @@
-"""Measured speeds decide between the planned tree and the target alone.
+"""Measured speeds decide between the planned tree and the target alone (or gated suffix passes).
 
 The plan predicts that its tree beats the target alone. On a machine busier than when it was profiled
 (another process took a core, the disk slowed down) that can stop being true, and only a measurement under
@@ -8,6 +8,12 @@ measured faster than the tree by more than `margin`, passes run without a tree, 
 (after `tree_every` passes, doubling while such probes keep losing, up to `max_tree_every`), and trees come
 back when one wins. Rates compare like with like: a tree pass counts the tokens the acceptance estimate
 expects of it (the realized count of one pass is too noisy), a plain pass one token.
+
+For the drafters that gate suffix candidates (suffix, hybrid), the alternative to the planned tree is not the
+target alone but a gated suffix pass (offspec/profile/adapt.py): it costs no draft step and takes a copied run
+whole where there is one, so it counts the tokens it emitted (no acceptance curve predicts them). On a CPU
+with both models resident, a measured profile may plan one-node trees that beat the target alone on paper and
+lose to gated suffix passes on code that copies what it was given.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class SpeedGuard:
         self.tree_seconds: deque[float] = deque(maxlen=config.window)  # seconds per tree pass
         self.tree_tokens: deque[float] = deque(maxlen=config.window)  # tokens expected of each
         self.plain_seconds: deque[float] = deque(maxlen=config.window)
+        self.plain_tokens: deque[float] = deque(maxlen=config.window)  # 1 for a plain pass; a gated pass's emitted
         self.trees_on = True
         self.tree_every = config.tree_every
         self._since = 0  # passes since the last pass of the other kind
@@ -74,9 +81,11 @@ class SpeedGuard:
         else:
             self.tree_every = min(self.config.max_tree_every, self.tree_every * 2)
 
-    def observe_plain(self, seconds: float) -> None:
+    def observe_plain(self, seconds: float, tokens: float = 1.0) -> None:
+        """A pass without the planned tree: the target alone (one token), or a gated suffix pass (`tokens` emitted)."""
         self.passes += 1
         self.plain_seconds.append(seconds)
+        self.plain_tokens.append(tokens)
         if not self._probing:  # a plain probe among trees
             self._since = 0
             self._judge()
@@ -91,7 +100,7 @@ class SpeedGuard:
         if len(self.plain_seconds) < self.config.min_plain:
             return None
         seconds = statistics.median(self.plain_seconds)
-        return 1.0 / seconds if seconds > 0 else None
+        return statistics.fmean(self.plain_tokens) / seconds if seconds > 0 else None
 
     def _judge(self) -> None:
         tree, plain = self.tree_rate(), self.plain_rate()
@@ -113,6 +122,7 @@ class SpeedGuard:
         self.tree_seconds.clear()
         self.tree_tokens.clear()
         self.plain_seconds.clear()
+        self.plain_tokens.clear()
         self._since = 0
 
     def forget_trees(self) -> None:
