@@ -19,7 +19,7 @@ from offspec.draft_vocab import (RANKS_FORMAT, SubsetHead, choose_ids, find_rank
                                  restrict_head, vocab_fingerprint)
 from offspec.formats.modules import QLinear
 from tiny import make_tokenizer
-from tiny_gguf import random_blocks, save_tiny_gguf
+from tiny_gguf import mapped_file, random_blocks, save_tiny_gguf
 
 LOAD = dict(max_context=256, max_budget=64)
 
@@ -143,17 +143,6 @@ def test_a_new_conversation_refreshes_a_head_half_full_of_earlier_tokens():
     assert torch.allclose(sub.subset(x), head(x)[:, [0, 1, 20, 21]])
 
 
-def _mapped_file(t: torch.Tensor) -> str:
-    """The file whose mapping holds `t`'s first byte ("" where it is anonymous memory)."""
-    addr = t.data_ptr()
-    for line in open("/proc/self/maps", encoding="utf-8"):
-        parts = line.split()
-        lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        if lo <= addr < hi:
-            return parts[5] if len(parts) > 5 else ""
-    return ""
-
-
 def test_a_gguf_drafts_full_head_is_let_go_and_read_from_its_store_file(tmp_path, monkeypatch, config_dir):
     monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(tmp_path / "cache"))
     path = save_tiny_gguf(tmp_path / "d.gguf", "qwen2", seed=0)
@@ -175,7 +164,7 @@ def test_a_gguf_drafts_full_head_is_let_go_and_read_from_its_store_file(tmp_path
     write_table(config_dir, gen.tokenizer, range(262))
     reduced = offspec.load(str(path), str(path), draft_vocab=50, **LOAD)
     sub = reduced.engine.drafter.runner.model.get_output_embeddings()
-    assert isinstance(sub, SubsetHead) and _mapped_file(sub.source).endswith(".bin")
+    assert isinstance(sub, SubsetHead) and mapped_file(sub.source).endswith(".bin")
     assert torch.equal(sub.source, model.get_output_embeddings().source)  # the same rows as the resident head's
 
 

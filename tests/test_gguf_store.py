@@ -21,7 +21,7 @@ from offspec.formats import kernels
 from offspec.formats.dequant import dequantize as torch_dequantize
 from offspec.formats.ggml import KERNEL_TYPES
 from offspec.formats.modules import QEmbedding, QLinear
-from tiny_gguf import save_tiny_gguf
+from tiny_gguf import mapped_file, save_tiny_gguf
 
 LOAD = dict(max_context=256, max_budget=64)
 
@@ -145,6 +145,19 @@ def test_a_shallow_model_computes_the_reference_end_to_end(cache, ggufs, monkeyp
         monkeypatch.setattr(kernels, "linear", _reference_linear)
         want = model(ids).logits
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * want.abs().max().item())
+
+
+def test_resident_weights_on_a_cpu_are_the_store_files_own_pages(cache, ggufs):
+    """Resident layers (the whole draft, a resident target) and the `other` payload (LM head, final norm) are
+    memory-mapped from the store's files, not copied into anonymous memory: under a memory cap the kernel can
+    drop and re-read them instead of killing the process. They compute the same as before (the tests above)."""
+    gen = offspec.load(str(ggufs["qwen2"]), str(ggufs["qwen2-draft"]), **LOAD)
+    for model in (gen.engine.target.model, gen.engine.drafter.runner.model):
+        layer = _lowbit(model)["model.layers.0.mlp.down_proj"]
+        assert re.search(r"/weights/layer-0000\.bin$", mapped_file(layer.qweight)), mapped_file(layer.qweight)
+    head = gen.engine.target.model.get_output_embeddings()
+    assert mapped_file(head.qweight).endswith("/weights/other.bin")
+    assert gen.generate("Hello", max_new_tokens=4, budget=4).token_ids  # and they run
 
 
 # --- losslessness --------------------------------------------------------------------------------

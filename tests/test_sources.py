@@ -181,6 +181,7 @@ def test_matching_pair_loads(tiny):
     target, draft = load_pair(str(tiny["llama"]), str(tiny["qwen2"]), device=CPU, dtype=F32)
     assert (target.name, draft.name) == ("tiny-llama", "tiny-qwen2")
     assert target.model.config.model_type == "llama" and draft.model.config.model_type == "qwen2"
+    assert draft.tokenizer is target.tokenizer  # the same vocabulary: one tokenizer object serves both
 
 
 # ---------------------------------------------------------------------------------------------------------

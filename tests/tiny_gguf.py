@@ -181,3 +181,14 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def mapped_file(t) -> str:
+    """The file whose memory mapping holds tensor `t`'s first byte ("" where it is anonymous memory; Linux)."""
+    addr = t.data_ptr()
+    for line in open("/proc/self/maps", encoding="utf-8"):
+        parts = line.split()
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= addr < hi:
+            return parts[5] if len(parts) > 5 else ""
+    return ""

@@ -2,6 +2,12 @@
 checkpoint's non-layer tensors), the token table memory-mapped from `embed.bin`, resident layers bound to
 buffers, RAM-tier layers read into (pinned) host buffers, and a `LayerStreamer` with forward hooks for the rest.
 Used by offspec.offload.model (step 4 of its load).
+
+On a CPU the resident payloads (`other`, resident layers: the whole draft) are memory-mapped from their files
+rather than copied into anonymous memory: the kernels read the same bytes, but the pages are the file's, so
+under memory pressure (a memory cgroup, a busy machine) the kernel drops the coldest of them and reads them
+again instead of killing the process. Only the KV caches, activations, streaming slots and the Python runtime
+must stay in anonymous memory.
 """
 
 from __future__ import annotations
@@ -84,6 +90,16 @@ def _read_payload(reader: FileReader, path: Path, spec: LayerSpec, into: torch.T
     return payload
 
 
+def _map_payload(path: Path, spec: LayerSpec) -> torch.Tensor:
+    """(nbytes,) uint8 host view of a packed file's payload, memory-mapped copy-on-write (never written, so every
+    page stays the file's); its checksum is taken through the mapping, which reads the file once. CorruptPart on
+    a bad crc. HEADER is a multiple of the page size, so the payload is page-aligned as a read buffer's would be."""
+    payload = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c", offset=HEADER, shape=(spec.nbytes,)))
+    if payload_crc(payload) != spec.crc32:
+        raise CorruptPart(f"{path}: checksum mismatch")
+    return payload
+
+
 def _file_crc(path: Path, spec: LayerSpec) -> int:
     """crc32 of a packed file's payload, read in chunks without keeping its pages cached."""
     import os
@@ -113,9 +129,10 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
                        dtype: torch.dtype, config: OffloadConfig) -> None:
     """The resident `other` payload (checked), and the token table memory-mapped from `embed.bin`."""
     spec = packed.extras["other"]
-    payload = _read_payload(reader, packed.extra_path("other"), spec, aligned_empty(spec.file_bytes))
-    if device.type != "cpu":
-        payload = payload.to(device)  # (nbytes,) uint8: LM head and final norm stay resident on the device
+    if device.type == "cpu":
+        payload = _map_payload(packed.extra_path("other"), spec)  # (nbytes,) uint8, file-backed pages (see above)
+    else:  # (nbytes,) uint8: LM head and final norm stay resident on the device
+        payload = _read_payload(reader, packed.extra_path("other"), spec, aligned_empty(spec.file_bytes)).to(device)
     _bind_payload(sk.model, spec, payload, dtype)
     emb = sk.model.get_input_embeddings()
     if "embed" in packed.extras:
@@ -162,8 +179,8 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
             if cuda:
                 payload = torch.empty(spec.nbytes, dtype=torch.uint8, device=device)  # (nbytes,) resident layer
                 payload.copy_(_read_payload(reader, packed.path(i), spec, staging))  # blocking: staging is reused
-            else:  # host memory is the device
-                payload = _read_payload(reader, packed.path(i), spec, aligned_empty(spec.file_bytes))
+            else:  # host memory is the device: the file's own pages (see above)
+                payload = _map_payload(packed.path(i), spec)
             binding.bind(payload)
         elif tier == "ram":
             buf = aligned_empty(spec.file_bytes, pin=cuda, device=device)  # (file_bytes,) host copy, pinned on CUDA

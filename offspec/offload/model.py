@@ -16,6 +16,8 @@ Nothing here puts a whole model in memory, or any weight in a float format it wa
 
 from __future__ import annotations
 
+import gc
+
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -240,7 +242,9 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
 
 
 def trim_heap() -> None:
-    """Give freed heap memory back to the OS (glibc keeps mid-sized frees, e.g. packing's per-tensor buffers)."""
+    """Give freed heap memory back to the OS (glibc keeps mid-sized frees, e.g. packing's per-tensor buffers);
+    objects in reference cycles (a dropped tokenizer's) are collected first."""
+    gc.collect()
     try:
         import ctypes
 
