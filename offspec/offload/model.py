@@ -17,7 +17,6 @@ Nothing here puts a whole model in memory, or any weight in a float format it wa
 from __future__ import annotations
 
 import gc
-
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
