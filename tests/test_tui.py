@@ -49,6 +49,9 @@ async def wait_for(pilot, predicate: Callable[[], bool], what: str) -> None:
 async def chat_ready(app: ChatApp, pilot) -> None:
     await wait_for(pilot, lambda: app.chat_screen is not None and app.chat_screen.is_mounted
                    and app.screen is app.chat_screen, "the chat screen")
+    # let the screen's pending callbacks run: textual's Header sets its title in one after mounting, and a test
+    # that ends right here would tear the header down under it (NoMatches 'HeaderTitle', seen once in CI)
+    await pilot.pause()
 
 
 async def send(app: ChatApp, pilot, text: str) -> None:
