@@ -28,7 +28,6 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from .config import draft_vocab_setting as parse_setting  # noqa: F401  (re-exported)
 from .errors import OffspecError
 
 RANKS_FORMAT = "offspec-token-ranks"
@@ -78,7 +77,7 @@ def find_ranks(fingerprint: str) -> Optional[tuple[list[int], Path]]:
 
 
 def choose_ids(tokenizer: Any, setting: Union[str, int], vocab_size: int) -> Optional[torch.Tensor]:
-    """The (n,) sorted long ids a draft head keeps under `setting` (parse_setting's), or None for the whole head.
+    """The (n,) sorted long ids a draft head keeps under `setting` (offspec.config.draft_vocab_setting's), or None for the whole head.
 
     `vocab_size`: the head's rows (may exceed the tokenizer's, padded). The tokenizer's special tokens are always
     kept: a draft must be able to propose the end of a turn."""
@@ -237,7 +236,7 @@ def head_rows(model: nn.Module) -> Optional[torch.Tensor]:
 
 def reduce_draft_head(model: nn.Module, tokenizer: Any, setting: Union[str, int],
                       source: Optional[torch.Tensor] = None) -> Optional[str]:
-    """Apply `setting` (parse_setting's) to a loaded draft: its head keeps the chosen rows. Returns a line for the
+    """Apply `setting` (offspec.config.draft_vocab_setting's) to a loaded draft: its head keeps the chosen rows. Returns a line for the
     progress display, or None where the whole head stays. `source`: the full head's rows to admit tokens from later
     (a memory-mapped view; default: the head's own, which then stays in memory). A head that cannot be reduced is an
     OffspecError when a count was asked for, and stays whole under `auto`."""

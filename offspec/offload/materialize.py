@@ -90,11 +90,17 @@ def _read_payload(reader: FileReader, path: Path, spec: LayerSpec, into: torch.T
     return payload
 
 
+def _mapped(path: Path, offset: int, nbytes: int) -> torch.Tensor:
+    """(nbytes,) uint8 host view of `path` from `offset`, memory-mapped copy-on-write (never written, so every page
+    stays the file's: read where touched, and dropped again under memory pressure)."""
+    return torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c", offset=offset, shape=(nbytes,)))
+
+
 def _map_payload(path: Path, spec: LayerSpec) -> torch.Tensor:
-    """(nbytes,) uint8 host view of a packed file's payload, memory-mapped copy-on-write (never written, so every
-    page stays the file's); its checksum is taken through the mapping, which reads the file once. CorruptPart on
-    a bad crc. HEADER is a multiple of the page size, so the payload is page-aligned as a read buffer's would be."""
-    payload = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c", offset=HEADER, shape=(spec.nbytes,)))
+    """(nbytes,) uint8 view of a packed file's payload, mapped (`_mapped`); its checksum is taken through the
+    mapping, which reads the file once. CorruptPart on a bad crc. HEADER is a multiple of the page size, so the
+    payload is page-aligned as a read buffer's would be."""
+    payload = _mapped(path, HEADER, spec.nbytes)
     if payload_crc(payload) != spec.crc32:
         raise CorruptPart(f"{path}: checksum mismatch")
     return payload
@@ -140,8 +146,7 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
         path = packed.extra_path("embed")
         if config.verify != "never" and _file_crc(path, espec) != espec.crc32:
             raise CorruptPart(f"{path}: checksum mismatch")
-        mapped = np.memmap(path, dtype=np.uint8, mode="c", offset=HEADER, shape=(espec.nbytes,))
-        _bind_payload(sk.model, espec, torch.from_numpy(mapped), dtype)  # host pages, read only where asked
+        _bind_payload(sk.model, espec, _mapped(path, HEADER, espec.nbytes), dtype)  # host pages, read where asked
     if sk.tied:
         sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
 
@@ -152,9 +157,8 @@ def mapped_tensor(packed: PackedSet, name: str) -> Optional[torch.Tensor]:
     for extra, spec in packed.extras.items():
         for t in spec.tensors:
             if t.name == name:
-                mapped = np.memmap(packed.extra_path(extra), dtype=np.uint8, mode="c", offset=HEADER + t.offset,
-                                   shape=(t.nbytes,))
-                return torch.from_numpy(mapped).view(dtype_of(t.dtype)).view(t.shape)
+                mapped = _mapped(packed.extra_path(extra), HEADER + t.offset, t.nbytes)
+                return mapped.view(dtype_of(t.dtype)).view(t.shape)
     return None
 
 
