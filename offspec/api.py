@@ -131,8 +131,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     target_runner = ModelRunner(t.model, capacity=max_context + budget_room, exact=True)
     # the draft also needs scratch slots for every node it expands while growing a tree
     draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64) if d is not None else None
-    if t.offload is not None and t.offload.streamer is not None:
-        target_runner.io = t.offload.streamer  # offloading: bytes streamed and io wait per pass (PassStats)
+    if t.offload is not None and t.offload.io is not None:
+        target_runner.io = t.offload.io  # offloading: bytes streamed and io wait per pass (PassStats)
     if draft_runner is not None and fitted is not None and fitted.prefill_tokens < PREFILL_CHUNK:
         # the placement reserved the draft's activations for prefill passes this long (offload.estimates)
         draft_runner.prefill_chunk = lambda cached, remaining, most=fitted.prefill_tokens: min(remaining, most)

@@ -57,6 +57,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "(bitsandbytes, CUDA only); a GGUF keeps its own format")
     o.add_argument("--draft-quant", choices=["none", "int4", "int8", "nf4"], help="the same for a float draft")
     o.add_argument("--offload-dir", metavar="DIR", help="where packed per-layer files live (default: the cache dir)")
+    o.add_argument("--stream-head", choices=["auto", "always", "never"], help="on a CPU, read the target's LM head "
+                   "from SSD in every pass (default auto: where the budget cannot keep it with every layer streamed)")
     t = p.add_argument_group("speculation tree")
     t.add_argument("--budget", type=_budget_arg, help="draft tokens per tree, or auto (the default: planned from "
                    "this machine's measured profile, see `offspec profile`, else a quick start-up estimate)")
@@ -97,7 +99,8 @@ def generation_options(args: argparse.Namespace) -> dict:
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword options for `offspec.load` from parsed CLI flags (flags not given are left out)."""
     names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth",
-             "drafter", "device_mem", "ram_mem", "quant", "draft_quant", "draft_vocab", "offload_dir", "threads"]
+             "drafter", "device_mem", "ram_mem", "quant", "draft_quant", "draft_vocab", "offload_dir", "stream_head",
+             "threads"]
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "chain", None) is not None:
         if options.get("drafter", "model") != "model":

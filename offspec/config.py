@@ -161,6 +161,8 @@ class LoadConfig:
     # all), "full", or a token count (offspec/draft_vocab.py); the target always scores every token
     draft_vocab: Union[str, int] = "auto"
     offload_dir: Optional[str] = None  # where packed per-layer files live; None = the cache dir
+    stream_head: str = "auto"  # a CPU's target LM head: "auto" (read from SSD in every pass where the budget cannot
+    # keep it with every layer streamed), "always" or "never" (offspec/offload/head.py)
     # CPU threads of torch; None = auto: the cores other processes leave free, re-checked while generating
     threads: Optional[int] = None
 

@@ -35,18 +35,23 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
     ready, else from the GGUF itself); failures become one OffspecError line."""
     from transformers import AutoTokenizer
 
-    where, kwargs = str(resolved.path), {}
+    where, kwargs, cls = str(resolved.path), {}, AutoTokenizer
     if resolved.gguf is not None:
         from .convert import converted_dir
 
         entry = converted_dir(resolved.key)
         if entry.is_dir() and verify_entry(entry) is None:
             where = str(entry)
+            if (entry / "tokenizer.json").is_file():
+                # the pipeline offspec saved when it converted the GGUF: loaded as it is, without the per-model
+                # class that rebuilds it from Python copies of the vocabulary and merges (which it keeps: 45 MB
+                # for Qwen2.5's 151,936 tokens, in the memory a small --device-mem budget has)
+                from transformers import PreTrainedTokenizerFast as cls
         else:
             where, kwargs = str(resolved.gguf.parent), {"gguf_file": resolved.gguf.name}
     try:
         with quiet_transformers():
-            return AutoTokenizer.from_pretrained(where, **kwargs)
+            return cls.from_pretrained(where, **kwargs)
     except Exception as exc:
         reason = failure_reason(exc) if "gguf_file" in kwargs else _reason(exc)
         raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: {reason}") from exc

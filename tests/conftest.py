@@ -17,6 +17,13 @@ from offspec.paths import kernels_dir  # noqa: E402
 # fresh OFFSPEC_CACHE_DIR would each compile them again. They share the user's kernels dir instead.
 os.environ.setdefault("OFFSPEC_KERNELS_DIR", str(kernels_dir()))
 
+# A CPU's --device-mem also holds the runtime's own memory, measured once per process
+# (offspec.offload.hostmem.runtime_bytes): in this test process that is whatever earlier tests left (gigabytes), and
+# from process to process it differs by megabytes, which would swamp the kilobyte budgets the tiny models are placed
+# under (and the budgets one process suggests for another). Tests, and the commands they start, charge none;
+# tests/test_streamed_head.py checks that the measured runtime is charged.
+os.environ["OFFSPEC_RUNTIME_MEM"] = "0"
+
 # A suite started in the background (`nohup ... &`, some CI runners) runs with SIGINT ignored, and the commands the
 # tests start would inherit that: the tests that press Ctrl-C on them would see nothing happen. A handler set here
 # is reset to the default in every child at exec, so their Ctrl-C works as a user's does.
@@ -44,3 +51,4 @@ def tiny_pair(tiny_dirs):
 
     target, draft = tiny_dirs[("llama", 0)]
     return offspec.load(str(target), str(draft), dtype="float64", max_context=256, max_budget=512)
+

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformers import AutoTokenizer
+
 from offspec import convert
 from offspec.convert import MANIFEST, ensure_converted, gguf_key, verify_entry
 from offspec.errors import OffspecError
@@ -335,6 +337,31 @@ def test_gguf_file_resolves_through_the_cache(smol, monkeypatch, tiny):
         load_pair(str(tiny["qwen2"]), str(smol["gguf"]), device=CPU, dtype=F32)
 
 
+def _same_tokenizer(got, want) -> None:
+    """`got` tokenizes, decodes and templates a chat exactly as `want` does."""
+    chat = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "def f(x):\n    return x  # héllo 世界 <|im_end|>\n\tdone"}]
+    text = want.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert got.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == text
+    ids = want.encode(text)
+    assert got.encode(text) == ids and got.decode(ids) == want.decode(ids)
+    assert got.decode(ids, skip_special_tokens=True) == want.decode(ids, skip_special_tokens=True)
+    for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "all_special_ids", "vocab_size"):
+        assert getattr(got, attr) == getattr(want, attr), attr
+    assert len(got) == len(want)
+
+
+def test_converted_tokenizer_is_the_saved_pipeline(smol, monkeypatch):
+    """A converted GGUF's tokenizer loads from the tokenizer.json offspec saved (not rebuilt by the model's class,
+    which keeps Python copies of the vocabulary), and behaves exactly as the GGUF's own."""
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(smol["root"]))
+    tokenizer = load_tokenizer(resolve_model(str(smol["gguf"]), "draft"))
+    assert type(tokenizer).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    with convert.quiet_transformers():
+        reference = AutoTokenizer.from_pretrained(str(smol["gguf"].parent), gguf_file=smol["gguf"].name)
+    _same_tokenizer(tokenizer, reference)
+
+
 def test_damaged_conversion_is_rebuilt(smol, tmp_path, monkeypatch):
     root = tmp_path / "cache"
     shutil.copytree(smol["root"], root)
@@ -360,6 +387,8 @@ def test_default_pair_loads(smol):
         pytest.fail(str(exc))
     assert target.name.startswith("Qwen2.5-Coder-1.5B") and draft.name.startswith("Qwen2.5-Coder-0.5B")
     check_same_tokenizer(target, draft)
+    with convert.quiet_transformers():  # the model's own tokenizer class, from the same converted entry
+        _same_tokenizer(target.tokenizer, AutoTokenizer.from_pretrained(str(target.path)))
     for loaded in (target, draft):
         assert loaded.model.get_input_embeddings().num_embeddings == 151_936
         assert loaded.model.config.vocab_size == 151_936

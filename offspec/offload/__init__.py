@@ -11,6 +11,7 @@
 - streams.py    device-generic copy stream and events (CUDA streams; synchronous shims on CPU)
 - streamer.py   LayerStreamer: ring of device slots, copier and SSD read-ahead threads, io counters
 - binding.py    forward hooks binding a layer's parameters to views into its slot
+- head.py       StreamedHead: a CPU's LM head read from SSD in row chunks in every pass, where the budget is short
 - checkpoint.py reading the original safetensors a few tensors at a time
 - model.py      load_offloaded / load_offloaded_pair: what offspec.load calls
 - prefill.py    how many prompt tokens one prefill pass of a streamed target may hold

@@ -53,6 +53,9 @@ class OffloadConfig:
     fit_limits: tuple[str, ...] = ()
     min_budget: int = 64  # never below the tree budget asked for
     prefill_tokens: int = PREFILL_TOKENS  # the smallest prefill pass the activation reserve must hold
+    # a CPU's LM head: "auto" (streamed from SSD in chunks where the resident parts do not fit with it),
+    # "always" or "never" (offspec/offload/head.py)
+    stream_head: str = "auto"
 
     def smaller_limits(self) -> Optional["OffloadConfig"]:
         """The next smaller max_budget / max_context this config may fall back to, or None."""
@@ -63,6 +66,8 @@ class OffloadConfig:
             return replace(self, max_context=max(MIN_FIT_CONTEXT, self.max_context // 2))
         if self.fit_limits and self.prefill_tokens > MIN_FIT_PREFILL:  # longer prompts then take more passes
             return replace(self, prefill_tokens=max(MIN_FIT_PREFILL, self.prefill_tokens // 2))
+        if self.fit_limits and self.staging_buffers > 1:  # one read fewer ahead of the compute
+            return replace(self, staging_buffers=1)
         return None
 
     @classmethod
@@ -89,7 +94,7 @@ class OffloadConfig:
     def from_load_config(cls, load_cfg: Any) -> "OffloadConfig":
         return cls.from_options(load_cfg.device_mem, load_cfg.ram_mem, load_cfg.quant, load_cfg.draft_quant,
                                 load_cfg.offload_dir, max_context=load_cfg.max_context,
-                                max_budget=load_cfg.max_budget)
+                                max_budget=load_cfg.max_budget, stream_head=load_cfg.stream_head)
 
     def validate(self) -> "OffloadConfig":
         for name in ("quant", "draft_quant"):
@@ -102,4 +107,6 @@ class OffloadConfig:
             raise OffspecError(f"staging_buffers must be >= 1, got {self.staging_buffers}")
         if self.verify not in ("first", "always", "never"):
             raise OffspecError(f"verify must be first, always or never, got {self.verify!r}")
+        if self.stream_head not in ("auto", "always", "never"):
+            raise OffspecError(f"stream_head must be auto, always or never, got {self.stream_head!r}")
         return self

@@ -48,19 +48,19 @@ class FileReader:
     def __init__(self, direct: bool = True):
         self.mode = "direct" if direct and hasattr(os, "O_DIRECT") else BUFFERED
 
-    def read(self, path: os.PathLike, into: torch.Tensor, nbytes: int) -> float:
-        """Read the first `nbytes` (a multiple of 4 KiB) of `path` into `into`; returns the seconds spent."""
+    def read(self, path: os.PathLike, into: torch.Tensor, nbytes: int, offset: int = 0) -> float:
+        """Read `nbytes` of `path` from `offset` (both multiples of 4 KiB) into `into`; returns the seconds spent."""
         t0 = time.perf_counter()
         view = memoryview(into.numpy())[:nbytes]  # writable view of the buffer; no copy
         if self.mode == "direct":
             try:
-                self._read(path, view, os.O_DIRECT)
+                self._read(path, view, os.O_DIRECT, offset)
                 return time.perf_counter() - t0
             except OSError as exc:
                 if exc.errno not in DIRECT_REFUSED:
                     raise
                 self.mode = BUFFERED  # this file system (or this buffer) refuses O_DIRECT
-        self._read(path, view, 0)
+        self._read(path, view, 0, offset)
         return time.perf_counter() - t0
 
     def probe(self, path: os.PathLike) -> str:
@@ -68,16 +68,16 @@ class FileReader:
         self.read(path, aligned_empty(ALIGN), ALIGN)
         return self.mode
 
-    def _read(self, path: os.PathLike, view: memoryview, flags: int) -> None:
+    def _read(self, path: os.PathLike, view: memoryview, flags: int, offset: int = 0) -> None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | flags)
         try:
             done = 0
             while done < len(view):
-                n = read_at(fd, view[done : done + CHUNK], done)
+                n = read_at(fd, view[done : done + CHUNK], offset + done)
                 if n <= 0:
                     raise OSError(errno.EIO, f"{path} is shorter than expected ({done} of {len(view)} bytes)")
                 done += n
             if not flags and hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop the pages this read cached
+                os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)  # drop the pages this read cached
         finally:
             os.close(fd)

@@ -27,6 +27,7 @@ from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_line
 from .checkpoint import Checkpoint
 from .config import OffloadConfig
 from .diskio import FileReader, aligned_empty
+from .head import StreamedHead, chunk_crcs
 from .packed import HEADER, LayerSpec, PackedSet, dtype_of, mark_corrupt, payload_crc
 from .placement import Placement
 from .skeleton import Skeleton
@@ -128,14 +129,20 @@ def _file_crc(path: Path, spec: LayerSpec) -> int:
 
 def _bind_payload(model: nn.Module, spec: LayerSpec, payload: torch.Tensor, dtype: torch.dtype) -> None:
     for name, view in LayerBinding.views(payload, spec).items():
-        _set(model, name, view, dtype)
+        owner, _ = owner_of(model, name)
+        if not isinstance(owner, StreamedHead):  # its rows are read from the file in every call
+            _set(model, name, view, dtype)
 
 
 def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, device: torch.device,
-                       dtype: torch.dtype, config: OffloadConfig) -> None:
-    """The resident `other` payload (checked), and the token table memory-mapped from `embed.bin`."""
+                       dtype: torch.dtype, config: OffloadConfig, stream_head: bool = False) -> None:
+    """The resident `other` payload (checked), and the token table memory-mapped from `embed.bin`; with
+    `stream_head` (a CPU), the LM head becomes a StreamedHead reading its rows from `other.bin` in every call."""
     spec = packed.extras["other"]
-    if device.type == "cpu":
+    if stream_head:
+        _stream_head(sk, packed, reader, config)
+        payload = _mapped(packed.extra_path("other"), HEADER, spec.nbytes)  # checked by _stream_head
+    elif device.type == "cpu":
         payload = _map_payload(packed.extra_path("other"), spec)  # (nbytes,) uint8, file-backed pages (see above)
     else:  # (nbytes,) uint8: LM head and final norm stay resident on the device
         payload = _read_payload(reader, packed.extra_path("other"), spec, aligned_empty(spec.file_bytes)).to(device)
@@ -149,6 +156,35 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
         _bind_payload(sk.model, espec, _mapped(path, HEADER, espec.nbytes), dtype)  # host pages, read where asked
     if sk.tied:
         sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
+
+
+def _stream_head(sk: Skeleton, packed: PackedSet, reader: FileReader, config: OffloadConfig) -> None:
+    """Swap the LM head for a StreamedHead over its rows in `other.bin`. The `other` payload is checked here,
+    read once without keeping its pages, and the head's chunk checksums are taken on the way."""
+    import os
+
+    spec, path = packed.extras["other"], packed.extra_path("other")
+    head = sk.model.get_output_embeddings()
+    name = next(n for n, m in sk.model.named_modules() if m is head)
+    t = next(t for t in spec.tensors if t.name == name + ".qweight")
+    fd = os.open(path, os.O_RDONLY)
+    try:  # the payload's crc: the bytes before the head, the head chunk by chunk, the bytes after it
+        seed = zlib.crc32(os.pread(fd, t.offset, HEADER))
+        crcs, crc = chunk_crcs(path, HEADER + t.offset, t.nbytes // t.shape[0], t.shape[0], seed)
+        end = t.offset + t.nbytes
+        crc = zlib.crc32(os.pread(fd, spec.nbytes - end, HEADER + end), crc) & 0xFFFFFFFF
+    finally:
+        os.close(fd)
+    if crc != spec.crc32:
+        raise CorruptPart(f"{path}: checksum mismatch")
+
+    def on_corrupt() -> str:
+        mark_corrupt(packed.directory)
+        return f"the set in {packed.directory} will be rebuilt on the next start"
+
+    streamed = StreamedHead(head, path, HEADER + t.offset, reader, crcs, config.verify, on_corrupt)
+    parent_name, _, child = name.rpartition(".")
+    setattr(sk.model.get_submodule(parent_name) if parent_name else sk.model, child, streamed)
 
 
 def mapped_tensor(packed: PackedSet, name: str) -> Optional[torch.Tensor]:
@@ -166,7 +202,7 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
                  dtype: torch.dtype, config: OffloadConfig, progress: ProgressFn, name: str) -> Optional[LayerStreamer]:
     reader = FileReader(config.direct_io)
     if sk.complete_store:
-        _load_store_extras(sk, packed, reader, device, dtype, config)
+        _load_store_extras(sk, packed, reader, device, dtype, config, placement.head_streamed)
     else:
         _load_checkpoint_parts(sk, ck, device, dtype)
     _move_buffers(sk.model, device)

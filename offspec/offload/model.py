@@ -33,7 +33,9 @@ from ..progress import ProgressEvent, ProgressFn, no_progress
 from .checkpoint import Checkpoint
 from .config import WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
-from .packed import LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corrupt, open_store
+from .head import StreamedHead, head_bytes_per_read
+from .hostmem import runtime_bytes as measured_runtime
+from .packed import HEADER, LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corrupt, open_store
 from .placement import ModelSizes, Placement, forced, plan_placement
 from .quant import BLOCKSIZE, quantize_weight
 from .skeleton import Skeleton, from_checkpoint, from_store
@@ -51,6 +53,14 @@ class OffloadHandle:
     weights: Optional[dict] = None  # {ggml type name: bytes} of the low-bit weights, None for float models
     config: Optional[OffloadConfig] = None  # the config placed under (its limits lowered to fit: fit_limits)
     packed: Optional[PackedSet] = None  # the weight store it was materialized from
+    head: Optional[StreamedHead] = None  # the LM head, where it is read from SSD in every pass
+
+    @property
+    def io(self) -> Any:
+        """What the target's runner reads its per-pass I/O from (`counters()`, `close()`): the layer streamer, the
+        streamed head, or both summed; None when nothing streams."""
+        parts = [p for p in (self.streamer, self.head) if p is not None]
+        return None if not parts else parts[0] if len(parts) == 1 else JointIO(parts)
 
     def summary(self) -> dict:
         out = self.placement.summary()
@@ -60,12 +70,30 @@ class OffloadHandle:
         return out
 
 
+class JointIO:
+    """Streamed layers and a streamed head as one source of I/O counters."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def counters(self) -> tuple[int, float]:
+        """(bytes streamed, seconds waited), summed over the parts."""
+        totals = [p.counters() for p in self.parts]
+        return sum(b for b, _ in totals), sum(w for _, w in totals)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
 class StoreDamaged(OffspecError):
     """A converted GGUF's weight store failed a checksum while loading; its entry was marked for a rebuild."""
 
 
 def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_bytes: int,
-                device: torch.device) -> ModelSizes:
+                device: torch.device, runtime_bytes: int = 0) -> ModelSizes:
+    """What the placement weighs; `runtime_bytes` is the process memory already in use outside the models (a CPU
+    device's budget holds it too)."""
     elem = torch.empty((), dtype=dtype).element_size()
     if sk.complete_store:  # the `other` payload is resident; the memory-mapped token table is not charged
         other = sk.extras["other"].nbytes
@@ -76,9 +104,27 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
                 seen.add(id(tensor))
                 other += tensor.numel() * tensor.element_size()
     kv, act = target_headroom(sk.model.config, config.max_context, config.max_budget, elem, config.prefill_tokens)
+    head = _streamable_head(sk)
+    head_bytes = head.nbytes if head is not None else 0
+    head_buffer = (head_bytes_per_read(head.nbytes // head.shape[0], head.shape[0], HEADER + head.offset)
+                   if head is not None else 0)
     return ModelSizes(layer_bytes=tuple(p.nbytes for p in sk.plans), file_bytes=max(p.file_bytes for p in sk.plans),
                       other_bytes=other, kv_bytes=kv, activation_bytes=act, extra_bytes=extra_bytes,
-                      workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]) + _decode_workspace(sk, device))
+                      workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]) + _decode_workspace(sk, device)
+                      + (runtime_bytes if device.type == "cpu" else 0),
+                      head_bytes=head_bytes, head_buffer_bytes=head_buffer)
+
+
+def _streamable_head(sk: Skeleton) -> Optional[Any]:
+    """The TensorSpec of the LM head in the store's `other` payload, where a CPU may stream it (a low-bit head of
+    its own: a tied head is the memory-mapped token table, which only costs the rows read)."""
+    if not sk.complete_store or sk.tied or "other" not in sk.extras:
+        return None
+    head = sk.model.get_output_embeddings()
+    if not isinstance(head, QLinear):
+        return None
+    name = next(n for n, m in sk.model.named_modules() if m is head) + ".qweight"
+    return next((t for t in sk.extras["other"].tensors if t.name == name), None)
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
@@ -179,14 +225,14 @@ def _damaged(resolved: Any, reason: str):
 
 
 def _plan_fitting(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_bytes: Union[int, Callable],
-                  device: torch.device, already_allocated: int) -> tuple[Placement, OffloadConfig]:
+                  device: torch.device, already_allocated: int, runtime: int = 0) -> tuple[Placement, OffloadConfig]:
     """Plan under `config`; where the resident parts do not fit, lower the limits the user left at their defaults
     (config.fit_limits) step by step until they do. Returns the placement and the config it was made for."""
     while True:
         extra = extra_bytes(config) if callable(extra_bytes) else extra_bytes
         try:
-            return plan_placement(model_sizes(sk, dtype, config, extra, device), device, config,
-                                  already_allocated), config
+            return plan_placement(model_sizes(sk, dtype, config, extra, device, runtime), device, config,
+                                  already_allocated + runtime), config
         except OffspecError:
             smaller = config.smaller_limits()
             if smaller is None:
@@ -198,13 +244,14 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
                    config: OffloadConfig, progress: ProgressFn = no_progress,
                    extra_bytes: Union[int, Callable[[OffloadConfig], int]] = 0,
                    already_allocated: int = 0, tiers: Optional[Union[str, tuple[str, ...]]] = None,
-                   report: bool = True) -> tuple[Optional[Any], OffloadHandle]:
+                   report: bool = True, runtime: Optional[int] = None) -> tuple[Optional[Any], OffloadHandle]:
     """Place and (when needed) build `resolved`'s model under `config`'s budgets.
 
     Returns (model, handle); model is None for a float checkpoint when every layer fits and nothing is quantized
     (load it the usual way). `tiers` forces a placement (a tier per layer, or one tier for all: tests,
     benchmarks, a resident draft); `extra_bytes` are other resident bytes (the draft), or a function of the
-    config (its max_context / max_budget) when limits may be lowered to fit (config.fit_limits).
+    config (its max_context / max_budget) when limits may be lowered to fit (config.fit_limits). `runtime`: the
+    process memory in use outside the models (None: measured now), which a CPU's budget holds too.
     """
     device = torch.device(device)
     sk, ck, packed = _open_source(resolved, dtype, attn_implementation, config, device)
@@ -214,7 +261,10 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
         extra = extra_bytes(config) if callable(extra_bytes) else extra_bytes
         placement = forced(model_sizes(sk, dtype, config, extra, device), device, tiers, config)
     else:
-        placement, config = _plan_fitting(sk, dtype, config, extra_bytes, device, already_allocated)
+        if runtime is None:  # measured once the model's code is imported (building the skeleton did that)
+            trim_heap()
+            runtime = measured_runtime() if device.type == "cpu" else 0
+        placement, config = _plan_fitting(sk, dtype, config, extra_bytes, device, already_allocated, runtime)
     if sk.quant == "ggml":
         placement = replace(placement, quant="ggml")
     if report:
@@ -236,8 +286,9 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
             raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc2}); "
                                f"check the disk, or use another --offload-dir") from None
     trim_heap()  # packing and loading freed many temporaries
+    head = sk.model.get_output_embeddings()
     return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model), config,
-                                   packed)
+                                   packed, head if isinstance(head, StreamedHead) else None)
 
 
 def trim_heap() -> None:
@@ -276,9 +327,11 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
 
     device = torch.device(device)
     source = None  # the draft's full LM head, memory-mapped from its store
+    in_memory = 0  # bytes of the draft's weights in the process's own memory (not mapped from a store)
     if getattr(draft_res, "store", None) is None and config.draft_quant == "none":
         draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                            progress=progress, tokenizer=draft_tok)
+        in_memory = resident_bytes(draft.model) if device.type == "cpu" else 0
     else:
         model, handle = load_offloaded(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                        config=replace(config, quant=config.draft_quant), progress=progress,
@@ -288,6 +341,10 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
         head_name = next((f"{n}.qweight" for n, m in model.named_modules() if m is head), None)
         if isinstance(head, QLinear) and handle.packed is not None and head_name is not None:
             source = mapped_tensor(handle.packed, head_name)
+    trim_heap()
+    # the process's own memory (Python, torch, transformers, the tokenizer), without the draft's weights: those
+    # are counted with the draft below (from a store they are file pages on a CPU until its head is reduced)
+    runtime = measured_runtime(exclude=in_memory) if device.type == "cpu" else 0
     if draft_head is not None:
         draft_head(draft.model, source)
         trim_heap()
@@ -300,7 +357,8 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
                                             cfg.prefill_tokens, None if rows is None else int(rows.numel()))
 
     model, handle = load_offloaded(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                                   config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes)
+                                   config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes,
+                                   runtime=runtime)
     target = as_loaded(target_res, model, handle, target_tok, load_model, device=device, dtype=dtype,
                        attn_implementation=attn_implementation, progress=progress)
     return target, draft

@@ -9,7 +9,10 @@ straight into the slots (offspec.offload.streamer): each slot then holds a whole
 budget buys more slots.
 
 On a CPU device the host RAM *is* the device: the device budget caps all of offspec's process memory
-(slots and SSD staging buffers included); the RAM tier is only used when a RAM budget is given.
+(slots, SSD staging buffers and the Python runtime measured at load included: `ModelSizes.workspace_bytes`);
+the RAM tier is only used when a RAM budget is given. Where the resident parts do not fit even with every layer
+streamed, a CPU streams the LM head too (offspec/offload/head.py: `OffloadConfig.stream_head`), in chunks through
+two read buffers, like one more layer.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ class ModelSizes:
     kv_bytes: int  # the target's KV cache at full capacity
     activation_bytes: int  # the largest tree's activations (estimate)
     extra_bytes: int = 0  # other resident things: the draft's weights, KV cache and activations
-    workspace_bytes: int = 0  # allocator slack, kernel workspaces, Python objects (config.WORKSPACE)
+    workspace_bytes: int = 0  # allocator slack, kernel workspaces, Python objects (config.WORKSPACE; on a CPU
+    # also the process's anonymous memory measured at load: Python, torch, transformers, the tokenizer)
+    head_bytes: int = 0  # the LM head's part of other_bytes, where it may be streamed instead (0: it may not)
+    head_buffer_bytes: int = 0  # one of the two read buffers a streamed head needs
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class Placement:
     quant: str = "none"
     budget_source: str = "given"  # "given" or "free memory"
     bandwidth: dict = field(default_factory=dict)  # assumed bytes/s (link, disk, memory) for the prediction
+    head_streamed: bool = False  # the LM head is read from SSD in every pass (offspec/offload/head.py)
 
     def count(self, tier: str) -> int:
         return sum(t == tier for t in self.tiers)
@@ -65,14 +72,18 @@ class Placement:
         return any(t != "device" for t in self.tiers)
 
     @property
+    def streamed_head_bytes(self) -> int:
+        """LM head bytes read from SSD in every pass (0 when the head is resident)."""
+        return self.sizes.head_bytes if self.head_streamed else 0
+
+    @property
     def bytes_per_pass(self) -> int:
         """Weight bytes moved to the device in every forward pass."""
-        return self.bytes_in("ram") + self.bytes_in("ssd")
+        return self.bytes_in("ram") + self.bytes_in("ssd") + self.streamed_head_bytes
 
     @property
     def resident_bytes(self) -> int:
-        s = self.sizes
-        return s.other_bytes + s.kv_bytes + s.activation_bytes + s.extra_bytes + s.workspace_bytes
+        return resident_total(self.sizes, self.head_streamed)
 
     @property
     def device_bytes(self) -> int:
@@ -84,9 +95,12 @@ class Placement:
     def device_breakdown(self) -> dict[str, int]:
         """What the planned device bytes are made of (the values sum to `device_bytes`; zero parts left out)."""
         s, host_is_device = self.sizes, self.device == "cpu"
+        head_buffers = 2 * s.head_buffer_bytes if self.head_streamed else 0
         parts = {f"{self.count('device')} layers": self.bytes_in("device"), "draft": s.extra_bytes,
-                 "embeddings and LM head": s.other_bytes, "KV cache and activations": s.kv_bytes + s.activation_bytes,
-                 "streaming slots": self.ring_bytes + (self.staging_bytes if host_is_device else 0),
+                 "embeddings and LM head" if not self.head_streamed else "embeddings and norms":
+                     s.other_bytes - self.streamed_head_bytes,
+                 "KV cache and activations": s.kv_bytes + s.activation_bytes,
+                 "streaming slots": self.ring_bytes + (self.staging_bytes if host_is_device else 0) + head_buffers,
                  "workspace": s.workspace_bytes}
         return {name: n for name, n in parts.items() if n > 0}
 
@@ -100,7 +114,7 @@ class Placement:
     def predicted_pass_seconds(self) -> float:
         """Small-tree pass time: the larger of moving the streamed weights and reading every weight once."""
         bw = self.bandwidth or ASSUMED_BANDWIDTH.get(self.device, ASSUMED_BANDWIDTH["cpu"])
-        stream = max(self.bytes_per_pass / bw["link"], self.bytes_in("ssd") / bw["disk"])
+        stream = max(self.bytes_per_pass / bw["link"], (self.bytes_in("ssd") + self.streamed_head_bytes) / bw["disk"])
         compute = (sum(self.sizes.layer_bytes) + self.sizes.other_bytes) / bw["memory"]
         return max(stream, compute)
 
@@ -113,6 +127,7 @@ class Placement:
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "resident_bytes": self.resident_bytes, "ring_bytes": self.ring_bytes, "staging_bytes": self.staging_bytes,
             "bytes_per_pass": self.bytes_per_pass, "predicted_pass_seconds": round(self.predicted_pass_seconds, 4),
+            "head_streamed": self.head_streamed,
             "assumed_bandwidth": dict(self.bandwidth), "sizes": asdict(self.sizes),
             "device_breakdown": self.device_breakdown(),
         }
@@ -123,6 +138,8 @@ class Placement:
         where = f"{self.count('device')}/{n} layers on {self.device}"
         if self.streams:
             where += f", {self.count('ram')} from RAM, {self.count('ssd')} from SSD"
+        if self.head_streamed:
+            where += ", LM head from SSD"
         fmt = "" if self.quant == "none" else f" ({self.quant})"
         t = self.predicted_pass_seconds
         when = f"{t:.2f} s" if t >= 1 else f"{t * 1000:.3g} ms"
@@ -193,9 +210,30 @@ def default_budgets(device: torch.device, already_allocated: int = 0) -> tuple[i
     return int(available * FREE_FRACTION) + already_allocated, 0
 
 
+def resident_total(sizes: ModelSizes, head_streamed: bool) -> int:
+    """Bytes charged to the device budget before any layer: a streamed head's two read buffers instead of it."""
+    head = sizes.head_bytes - 2 * sizes.head_buffer_bytes if head_streamed else 0
+    return (sizes.other_bytes - head + sizes.kv_bytes + sizes.activation_bytes + sizes.extra_bytes
+            + sizes.workspace_bytes)
+
+
 def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfig,
                    already_allocated: int = 0) -> Placement:
-    """Place every decoder layer; a budget too small for the resident parts is a one-line OffspecError."""
+    """Place every decoder layer, and on a CPU the LM head (streamed where config.stream_head says "always", or
+    "auto" and the resident parts do not fit with it); a budget too small is a one-line OffspecError."""
+    streamable = device.type == "cpu" and sizes.head_bytes > 0
+    if streamable and config.stream_head == "always":
+        return _plan(sizes, device, config, already_allocated, head_streamed=True)
+    try:
+        return _plan(sizes, device, config, already_allocated, head_streamed=False)
+    except OffspecError:
+        if not streamable or config.stream_head != "auto":
+            raise
+    return _plan(sizes, device, config, already_allocated, head_streamed=True)
+
+
+def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, already_allocated: int,
+          head_streamed: bool) -> Placement:
     dev_default = ram_default = 0
     if config.device_mem is None or config.ram_mem is None:
         dev_default, ram_default = default_budgets(device, already_allocated)
@@ -205,9 +243,9 @@ def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfi
     host_is_device = device.type == "cpu"
     layer = list(sizes.layer_bytes)
     n = len(layer)
-    resident = sizes.other_bytes + sizes.kv_bytes + sizes.activation_bytes + sizes.extra_bytes + sizes.workspace_bytes
+    resident = resident_total(sizes, head_streamed)
     base = dict(device=device.type, sizes=sizes, device_budget=device_budget, ram_budget=ram_budget,
-                quant=config.quant, budget_source=source,
+                quant=config.quant, budget_source=source, head_streamed=head_streamed,
                 bandwidth=dict(ASSUMED_BANDWIDTH.get(device.type, ASSUMED_BANDWIDTH["cpu"])))
 
     if resident + sum(layer) <= device_budget:
