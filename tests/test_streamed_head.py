@@ -250,3 +250,15 @@ def test_a_closed_head_says_so(tmp_path):
     head.close()
     with pytest.raises(OffspecError, match="closed; load the model again"):
         head(torch.randn(1, 512))
+
+
+def test_a_head_with_a_bias_keeps_it(tmp_path):
+    cols, rows = 512, 2048
+    path, blocks, offset = _head_file(tmp_path, rows, cols, 0)
+    resident = QLinear(Q6_K, cols, rows, bias=True, device=CPU)
+    resident.qweight = torch.from_numpy(blocks.copy())
+    resident.bias = torch.randn(rows)
+    crcs, _ = chunk_crcs(path, offset, blocks.shape[1], rows, target=420 * 1024)
+    head = StreamedHead(resident, path, offset, FileReader(), crcs, target_bytes=420 * 1024)
+    x = torch.randn(3, cols)
+    assert torch.equal(head(x), resident(x))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -129,9 +129,7 @@ def _file_crc(path: Path, spec: LayerSpec) -> int:
 
 def _bind_payload(model: nn.Module, spec: LayerSpec, payload: torch.Tensor, dtype: torch.dtype) -> None:
     for name, view in LayerBinding.views(payload, spec).items():
-        owner, _ = owner_of(model, name)
-        if not isinstance(owner, StreamedHead):  # its rows are read from the file in every call
-            _set(model, name, view, dtype)
+        _set(model, name, view, dtype)
 
 
 def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, device: torch.device,
@@ -139,14 +137,17 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
     """The resident `other` payload (checked), and the token table memory-mapped from `embed.bin`; with
     `stream_head` (a CPU), the LM head becomes a StreamedHead reading its rows from `other.bin` in every call."""
     spec = packed.extras["other"]
+    crcs = None
     if stream_head:
-        _stream_head(sk, packed, reader, config)
-        payload = _mapped(packed.extra_path("other"), HEADER, spec.nbytes)  # checked by _stream_head
+        crcs = _check_around_head(sk, packed)
+        payload = _mapped(packed.extra_path("other"), HEADER, spec.nbytes)  # checked; the head's pages stay unread
     elif device.type == "cpu":
         payload = _map_payload(packed.extra_path("other"), spec)  # (nbytes,) uint8, file-backed pages (see above)
     else:  # (nbytes,) uint8: LM head and final norm stay resident on the device
         payload = _read_payload(reader, packed.extra_path("other"), spec, aligned_empty(spec.file_bytes)).to(device)
     _bind_payload(sk.model, spec, payload, dtype)
+    if crcs is not None:
+        _swap_head(sk, packed, reader, config, crcs)
     emb = sk.model.get_input_embeddings()
     if "embed" in packed.extras:
         espec = packed.extras["embed"]
@@ -158,15 +159,20 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
         sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
 
 
-def _stream_head(sk: Skeleton, packed: PackedSet, reader: FileReader, config: OffloadConfig) -> None:
-    """Swap the LM head for a StreamedHead over its rows in `other.bin`. The `other` payload is checked here,
-    read once without keeping its pages, and the head's chunk checksums are taken on the way."""
+def _head_entry(sk: Skeleton, packed: PackedSet) -> tuple[str, Any]:
+    """(module name, TensorSpec of its ggml rows in the `other` payload) of the LM head."""
+    head = sk.model.get_output_embeddings()
+    name = next(n for n, m in sk.model.named_modules() if m is head)
+    return name, next(t for t in packed.extras["other"].tensors if t.name == name + ".qweight")
+
+
+def _check_around_head(sk: Skeleton, packed: PackedSet) -> list[int]:
+    """Check the `other` payload (CorruptPart on a bad crc), read once without keeping its pages; returns the LM
+    head's chunk checksums (as StreamedHead cuts it), taken on the way."""
     import os
 
     spec, path = packed.extras["other"], packed.extra_path("other")
-    head = sk.model.get_output_embeddings()
-    name = next(n for n, m in sk.model.named_modules() if m is head)
-    t = next(t for t in spec.tensors if t.name == name + ".qweight")
+    _, t = _head_entry(sk, packed)
     fd = os.open(path, os.O_RDONLY)
     try:  # the payload's crc: the bytes before the head, the head chunk by chunk, the bytes after it
         seed = zlib.crc32(os.pread(fd, t.offset, HEADER))
@@ -177,12 +183,21 @@ def _stream_head(sk: Skeleton, packed: PackedSet, reader: FileReader, config: Of
         os.close(fd)
     if crc != spec.crc32:
         raise CorruptPart(f"{path}: checksum mismatch")
+    return crcs
+
+
+def _swap_head(sk: Skeleton, packed: PackedSet, reader: FileReader, config: OffloadConfig, crcs: list[int]) -> None:
+    """Replace the (bound) LM head by a StreamedHead over its rows in `other.bin`: it keeps the head's bias and
+    none of its rows."""
+    name, t = _head_entry(sk, packed)
 
     def on_corrupt() -> str:
         mark_corrupt(packed.directory)
         return f"the set in {packed.directory} will be rebuilt on the next start"
 
-    streamed = StreamedHead(head, path, HEADER + t.offset, reader, crcs, config.verify, on_corrupt)
+    head = sk.model.get_output_embeddings()
+    streamed = StreamedHead(head, packed.extra_path("other"), HEADER + t.offset, reader, crcs, config.verify,
+                            on_corrupt)
     parent_name, _, child = name.rpartition(".")
     setattr(sk.model.get_submodule(parent_name) if parent_name else sk.model, child, streamed)
 
