@@ -87,7 +87,7 @@ class StreamedHead(QLinear):
 
     # --- reading -------------------------------------------------------------------------------------
     def _read(self, chunk: int, buf: int) -> None:
-        """Read `chunk` into buffer `buf` (the worker thread, or the caller on a miss) and check it."""
+        """Read `chunk` into buffer `buf` and check it (in the worker thread: `_start`)."""
         a, b = self.bounds[chunk]
         start, nbytes, skew = _span(self.offset + a * self.row_bytes, (b - a) * self.row_bytes)
         seconds = self.reader.read(self.path, self.buffers[buf], nbytes, start)
