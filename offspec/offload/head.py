@@ -83,14 +83,14 @@ class StreamedHead(QLinear):
         self.reverse = False  # this call's direction (alternates)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="offspec-head")
         self.lock = threading.Lock()  # counters: read by the engine between passes
-        self.bytes_total, self.wait_total, self.read_seconds = 0, 0.0, 0.0
+        self.bytes_total, self.wait_total = 0, 0.0
 
     # --- reading -------------------------------------------------------------------------------------
     def _read(self, chunk: int, buf: int) -> None:
         """Read `chunk` into buffer `buf` and check it (in the worker thread: `_start`)."""
         a, b = self.bounds[chunk]
         start, nbytes, skew = _span(self.offset + a * self.row_bytes, (b - a) * self.row_bytes)
-        seconds = self.reader.read(self.path, self.buffers[buf], nbytes, start)
+        self.reader.read(self.path, self.buffers[buf], nbytes, start)
         data = self.buffers[buf][skew : skew + (b - a) * self.row_bytes]  # ((b - a) * row_bytes,) uint8
         if self.verify == "always" or (self.verify == "first" and chunk not in self.verified):
             if zlib.crc32(data.numpy()) & 0xFFFFFFFF != self.crcs[chunk]:
@@ -99,7 +99,6 @@ class StreamedHead(QLinear):
             self.verified.add(chunk)
         with self.lock:
             self.bytes_total += (b - a) * self.row_bytes
-            self.read_seconds += seconds
 
     def _start(self, chunk: int, buf: int) -> None:
         self.held[buf] = chunk

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import OffspecError
-from ..formats.modules import QEmbedding
+from ..formats.modules import QEmbedding, QLinear
 from ..progress import ProgressEvent, ProgressFn
 from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_linears
 from .checkpoint import Checkpoint
@@ -159,11 +159,16 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
         sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
 
 
-def _head_entry(sk: Skeleton, packed: PackedSet) -> tuple[str, Any]:
-    """(module name, TensorSpec of its ggml rows in the `other` payload) of the LM head."""
+def head_entry(sk: Skeleton) -> Optional[tuple[str, Any]]:
+    """(module name, TensorSpec of its ggml rows in the store's `other` payload) of an LM head a CPU may stream:
+    a low-bit head of its own (a tied head is the memory-mapped token table, which only costs the rows read).
+    None where there is no such head."""
     head = sk.model.get_output_embeddings()
+    if not sk.complete_store or sk.tied or "other" not in sk.extras or not isinstance(head, QLinear):
+        return None
     name = next(n for n, m in sk.model.named_modules() if m is head)
-    return name, next(t for t in packed.extras["other"].tensors if t.name == name + ".qweight")
+    spec = next((t for t in sk.extras["other"].tensors if t.name == name + ".qweight"), None)
+    return None if spec is None else (name, spec)
 
 
 def _check_around_head(sk: Skeleton, packed: PackedSet) -> list[int]:
@@ -172,7 +177,7 @@ def _check_around_head(sk: Skeleton, packed: PackedSet) -> list[int]:
     import os
 
     spec, path = packed.extras["other"], packed.extra_path("other")
-    _, t = _head_entry(sk, packed)
+    _, t = head_entry(sk)
     fd = os.open(path, os.O_RDONLY)
     try:  # the payload's crc: the bytes before the head, the head chunk by chunk, the bytes after it
         seed = zlib.crc32(os.pread(fd, t.offset, HEADER))
@@ -189,7 +194,7 @@ def _check_around_head(sk: Skeleton, packed: PackedSet) -> list[int]:
 def _swap_head(sk: Skeleton, packed: PackedSet, reader: FileReader, config: OffloadConfig, crcs: list[int]) -> None:
     """Replace the (bound) LM head by a StreamedHead over its rows in `other.bin`: it keeps the head's bias and
     none of its rows."""
-    name, t = _head_entry(sk, packed)
+    name, t = head_entry(sk)
 
     def on_corrupt() -> str:
         mark_corrupt(packed.directory)

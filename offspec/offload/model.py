@@ -39,7 +39,7 @@ from .packed import HEADER, LayerSpec, PackedSet, StoreInvalid, ensure_store, ma
 from .placement import ModelSizes, Placement, forced, plan_placement
 from .quant import BLOCKSIZE, quantize_weight
 from .skeleton import Skeleton, from_checkpoint, from_store
-from .materialize import CorruptPart, mapped_tensor, materialize, owner_of
+from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
 from .streamer import LayerStreamer
 
 
@@ -104,7 +104,8 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
                 seen.add(id(tensor))
                 other += tensor.numel() * tensor.element_size()
     kv, act = target_headroom(sk.model.config, config.max_context, config.max_budget, elem, config.prefill_tokens)
-    head = _streamable_head(sk)
+    entry = head_entry(sk)
+    head = entry[1] if entry is not None else None  # its TensorSpec in `other`, where a CPU may stream it
     head_bytes = head.nbytes if head is not None else 0
     head_buffer = (head_bytes_per_read(head.nbytes // head.shape[0], head.shape[0], HEADER + head.offset)
                    if head is not None else 0)
@@ -113,18 +114,6 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
                       workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]) + _decode_workspace(sk, device)
                       + (runtime_bytes if device.type == "cpu" else 0),
                       head_bytes=head_bytes, head_buffer_bytes=head_buffer)
-
-
-def _streamable_head(sk: Skeleton) -> Optional[Any]:
-    """The TensorSpec of the LM head in the store's `other` payload, where a CPU may stream it (a low-bit head of
-    its own: a tied head is the memory-mapped token table, which only costs the rows read)."""
-    if not sk.complete_store or sk.tied or "other" not in sk.extras:
-        return None
-    head = sk.model.get_output_embeddings()
-    if not isinstance(head, QLinear):
-        return None
-    name = next(n for n, m in sk.model.named_modules() if m is head) + ".qweight"
-    return next((t for t in sk.extras["other"].tensors if t.name == name), None)
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
