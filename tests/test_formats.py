@@ -173,7 +173,7 @@ def test_profiles_are_keyed_by_the_kernel_build(monkeypatch):
     """A profile measured with other kernels (new sources, flags or torch) has other timings: its key differs."""
     build = kernels.kernel_build()
     assert build.startswith("compiled ") and len(build.split()[1]) == 12
-    monkeypatch.setattr(kernels, "_simd_flags", lambda: ["-mother"])
+    monkeypatch.setattr(kernels, "_flags", ["-mother"])
     assert kernels.kernel_build() != build
     monkeypatch.setattr(kernels, "_ext", None)
     monkeypatch.setattr(kernels, "_failure", "forced by the test")

@@ -1,5 +1,5 @@
-"""The CPU kernels' instruction sets: AVX-512 (two blocks per instruction) computes the AVX2 kernels' bits, and
-OFFSPEC_KERNEL_ISA picks the variant."""
+"""The CPU kernels' instruction sets: AVX-512 (two blocks per instruction) computes the AVX2 kernels' bits, the AMX
+tiles (K-quants of wide passes) compute the AVX-512 kernels' bits, and OFFSPEC_KERNEL_ISA picks the variant."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def two_builds():
 @pytest.mark.parametrize("type_name", INTEGER)
 def test_avx512_kernels_compute_the_avx2_kernels_bits(two_builds, type_name):
     wide, avx2 = two_builds
-    assert wide.isa().startswith("AVX-512") and avx2.isa() == "AVX2"
+    assert "AVX-512" in wide.isa() and avx2.isa() == "AVX2"  # AMX too where the CPU has it (K-quants, 21 rows)
     # an odd number of blocks of 32 for the legacy types (the last block runs alone), 3 super-blocks for K-quants
     cols = 768 if type_name.endswith("_K") else 480
     rng = np.random.default_rng(7)
@@ -38,6 +38,38 @@ def test_avx512_kernels_compute_the_avx2_kernels_bits(two_builds, type_name):
     assert torch.isfinite(want).all()
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     assert torch.equal(wide.qgemm(x[5:6].clone(), raw, tid, cols), want[5:6])  # one row: the same bits too
+
+
+@pytest.fixture()
+def amx():
+    """The kernels in use, with the AMX tiles on; skipped (with the reason) where the build or the CPU has none."""
+    assert kernels.load_kernels() is None, "the CPU kernels did not build"
+    assert kernels._amx_failure is None or "unrecognized" in kernels._amx_failure, \
+        f"the AMX kernels did not build: {kernels._amx_failure}"
+    ext = kernels.compiled()
+    if not ext.set_amx(True) and "AMX" not in ext.isa():
+        pytest.skip("no AMX tiles here (the CPU lacks AMX-INT8, the OS refused them, or OFFSPEC_KERNEL_ISA caps it)")
+    yield ext
+    ext.set_amx(True)
+
+
+@pytest.mark.parametrize("type_name", ("Q4_K", "Q5_K", "Q6_K"))
+def test_amx_tiles_compute_the_avx512_kernels_bits(amx, type_name):
+    rng = np.random.default_rng(11)
+    tid = ggml_type(type_name).id
+    for rows, cols in ((53, 768), (16, 256), (37, 1536)):  # a partial group of 16 weight rows; 1, 3, 6 super-blocks
+        raw = torch.from_numpy(random_blocks(rng, type_name, rows, cols))
+        x = torch.from_numpy(rng.standard_normal((40, cols)).astype(np.float32) * 3)
+        x[7] = 0.0  # an activation block of zeros (scale 0)
+        amx.set_amx(False)
+        want = amx.qgemm(x, raw, tid, cols)
+        amx.set_amx(True)
+        assert "AMX" in amx.isa()
+        assert torch.isfinite(want).all()
+        for m in (4, 5, 16, 17, 40):  # tiles of 16 activation rows: whole, padded, and several
+            got = amx.qgemm(x[:m].clone(), raw, tid, cols)
+            assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), (rows, cols, m)
+        assert torch.equal(amx.qgemm(x[9:10].clone(), raw, tid, cols), want[9:10])  # one row: AVX-512 VNNI
 
 
 def test_the_isa_variable_caps_the_instruction_set_and_rejects_other_values(monkeypatch):
@@ -56,7 +88,42 @@ def test_the_isa_variable_caps_the_instruction_set_and_rejects_other_values(monk
     assert kernels._simd_flags() == ["-mavx2", "-mfma", "-mf16c"]
 
 
+def test_amx_is_built_where_the_cpu_has_it_unless_the_isa_variable_says_avx512(monkeypatch):
+    amx_cpu = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512vbmi", "amx_tile", "amx_int8"}
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: amx_cpu)
+    monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.delenv(kernels.ISA_VARIABLE, raising=False)
+    assert kernels._simd_flags()[-6:] == ["-mavx512f", "-mavx512bw", "-mavx512vnni", *kernels.AMX_FLAGS]
+    monkeypatch.setenv(kernels.ISA_VARIABLE, "avx512")
+    assert kernels._simd_flags()[-3:] == ["-mavx512f", "-mavx512bw", "-mavx512vnni"]
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: amx_cpu - {"amx_int8"})  # tiles without int8 products
+    monkeypatch.delenv(kernels.ISA_VARIABLE)
+    assert not set(kernels.AMX_FLAGS) & set(kernels._simd_flags())
+
+
+def test_a_compiler_without_amx_builds_the_avx512_kernels(monkeypatch):
+    built = []
+
+    def compile_(progress, flags):
+        if set(kernels.AMX_FLAGS) <= set(flags):
+            raise RuntimeError("g++: error: unrecognized command-line option '-mamx-tile'")
+        built.append(flags)
+        return object()
+
+    monkeypatch.setattr(kernels, "_simd_flags", lambda: ["-mavx2", "-mavx512f", *kernels.AMX_FLAGS])
+    monkeypatch.setattr(kernels, "_compile", compile_)
+    for name in ("_ext", "_flags", "_failure", "_amx_failure"):
+        monkeypatch.setattr(kernels, name, None)
+    events = []
+    assert kernels.load_kernels(events.append) is None
+    assert built == [["-mavx2", "-mavx512f"]] and kernels._flags == ["-mavx2", "-mavx512f"]
+    said = "the CPU kernels are built without AMX (g++: error: unrecognized command-line option '-mamx-tile')"
+    assert [e.message for e in events] == [said]
+    assert kernels._amx_failure == "g++: error: unrecognized command-line option '-mamx-tile'"
+
+
 def test_the_status_line_names_the_instruction_set():
     assert kernels.load_kernels() is None
     assert kernels.kernel_status() == f"compiled ({kernels.compiled().isa()})"
-    assert kernels.compiled().isa() in ("AVX-512 VNNI", "AVX-512", "AVX2", "scalar")
+    assert kernels.compiled().isa() in ("AMX + AVX-512 VNNI", "AVX-512 VNNI", "AVX-512", "AVX2", "scalar")

@@ -25,11 +25,15 @@ from ..progress import ProgressEvent, ProgressFn, no_progress
 from .dequant import dequantize as torch_dequantize
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_dot.h", "ggml_dot512.h", "attention.h")
-ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"  # "avx2": build without AVX-512 on a CPU that has it (the results are the same)
+SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h", "attention.h")
+# "avx2": build without AVX-512 on a CPU that has it; "avx512": without AMX (the results are the same)
+ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
+AMX_FLAGS = ["-mavx512vbmi", "-mamx-tile", "-mamx-int8"]
 
 _lock = threading.Lock()
 _ext: Any = None
+_flags: Optional[list[str]] = None  # the compiler flags of the kernels in use
+_amx_failure: Optional[str] = None  # why the kernels were built without AMX on a CPU that has it
 _failure: Optional[str] = None  # why the CPU kernels are unavailable (then the torch fallback runs)
 
 
@@ -46,18 +50,22 @@ def _cpu_flags() -> set[str]:
 
 
 def _simd_flags(isa: Optional[str] = None) -> list[str]:
-    """Compiler flags for this CPU: AVX2 + FMA where torch finds AVX2, and AVX-512 (BW; VNNI where present) on top
-    unless `isa` (default: $OFFSPEC_KERNEL_ISA) is "avx2". Every variant computes the same bits (ggml_dot512.h)."""
+    """Compiler flags for this CPU: AVX2 + FMA where torch finds AVX2, AVX-512 (BW; VNNI where present) on top
+    unless `isa` (default: $OFFSPEC_KERNEL_ISA) is "avx2", and the AMX tiles (with VBMI and VNNI) where the CPU has
+    them unless it is "avx512" too. Every variant computes the same bits (ggml_dot512.h, ggml_amx.h)."""
     choice = (os.environ.get(ISA_VARIABLE, "") if isa is None else isa).strip().lower() or "auto"
-    if choice not in ("auto", "avx2"):
-        raise OffspecError(f"{ISA_VARIABLE}={choice}: use avx2 (no AVX-512 in the CPU kernels) or auto")
+    if choice not in ("auto", "avx2", "avx512"):
+        raise OffspecError(f"{ISA_VARIABLE}={choice}: use avx2 (no AVX-512 in the CPU kernels), avx512 (no AMX) "
+                           f"or auto")
     if platform.machine().lower() not in ("x86_64", "amd64") or \
             torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return []
     flags = ["-mavx2", "-mfma", "-mf16c"]
     cpu = _cpu_flags()
-    if choice == "auto" and torch.backends.cpu.get_cpu_capability() == "AVX512" and {"avx512f", "avx512bw"} <= cpu:
+    if choice != "avx2" and torch.backends.cpu.get_cpu_capability() == "AVX512" and {"avx512f", "avx512bw"} <= cpu:
         flags += ["-mavx512f", "-mavx512bw"] + (["-mavx512vnni"] if "avx512_vnni" in cpu else [])
+        if choice == "auto" and {"avx512_vnni", "avx512vbmi", "amx_tile", "amx_int8"} <= cpu:
+            flags += AMX_FLAGS
     return flags
 
 
@@ -103,7 +111,7 @@ def _compile(progress: ProgressFn, flags: list[str]) -> Any:
 def load_kernels(progress: ProgressFn = no_progress) -> Optional[str]:
     """Build (once) and load the CPU kernels. Returns None when they are ready, else why the torch fallback runs
     (also reported as a progress event, so the user sees it)."""
-    global _ext, _failure
+    global _ext, _flags, _failure, _amx_failure
     with _lock:
         if _ext is not None or _failure is not None:
             return _failure
@@ -112,18 +120,34 @@ def load_kernels(progress: ProgressFn = no_progress) -> Optional[str]:
         else:
             flags = _simd_flags()  # a bad OFFSPEC_KERNEL_ISA: one line, before building anything
             try:
-                _ext = _compile(progress, flags)
+                try:
+                    _ext = _compile(progress, flags)
+                except Exception as exc:
+                    if not set(AMX_FLAGS) <= set(flags):
+                        raise
+                    # e.g. a compiler without AMX: the AVX-512 kernels (the same results), and the user is told
+                    _amx_failure = _last_line(exc)
+                    progress(ProgressEvent("kernels", f"the CPU kernels are built without AMX ({_amx_failure})",
+                                           finished=True))
+                    flags = [f for f in flags if f not in AMX_FLAGS]
+                    _ext = _compile(progress, flags)
+                _flags = flags
             except Exception as exc:  # no compiler, no Python headers, ...: announced, then the slow path
-                text = str(exc).strip().splitlines()
-                _failure = f"cannot build them ({text[-1] if text else type(exc).__name__})"
+                _failure = f"cannot build them ({_last_line(exc)})"
         if _failure is not None:
             progress(ProgressEvent("kernels", f"the CPU kernels are unavailable: {_failure}; low-bit weights use "
                                               f"torch's much slower decoding path", finished=True))
         return _failure
 
 
+def _last_line(exc: Exception) -> str:
+    """What went wrong, in one line: the compiler's last word (an error's message ends with it)."""
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
 def build_variant(isa: str, progress: ProgressFn = no_progress) -> Any:
-    """The kernels built for `isa` ("avx2" or "auto"), beside the ones in use (tests compare their bits)."""
+    """The kernels built for `isa` ("avx2", "avx512" or "auto"), beside the ones in use (tests compare their bits)."""
     return _compile(progress, _simd_flags(isa))
 
 
@@ -140,7 +164,7 @@ def kernel_build() -> str:
     fallback)."""
     if compiled() is None:
         return "torch"
-    return f"compiled {_source_id(_simd_flags())}"
+    return f"compiled {_source_id(_flags)}"
 
 
 def kernel_status() -> str:
@@ -149,7 +173,7 @@ def kernel_status() -> str:
     if _ext is None and _failure is None:
         load_kernels()
     if _ext is not None:
-        return f"compiled ({_ext.isa()})"
+        return f"compiled ({_ext.isa()}{'; AMX: ' + _amx_failure if _amx_failure else ''})"
     return f"torch fallback: {_failure}"
 
 

@@ -177,7 +177,8 @@ struct Legacy {
 
 // K-quants (Q4_K, Q5_K, Q6_K), ggml's way: the activations come in blocks of 256 with one float scale (Q8_K);
 // a super-block's products are summed in integers with its 6/8-bit sub-block scales applied in integers too, then
-// one float step per super-block: acc += (d * dx) * isum, and for Q4_K/Q5_K - (dmin * dx) * sum_j m_j sum(x_j).
+// float steps per super-block (KSteps below): one chain per output, acc = fma(isum, d * dx, acc) and, for
+// Q4_K/Q5_K, acc = fma(-msum, dmin * dx, acc), msum = sum_j m_j sum(x_j).
 template <int64_t T>
 struct KBlock {
   static constexpr int64_t BYTES = T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
@@ -302,26 +303,68 @@ inline ISum isum_add(ISum a, ISum b) { return _mm256_add_epi32(a, b); }
 // keeps the compiler from re-associating a row's integer sum into a tree across rows (exact either way, but the
 // tree needs more registers than AVX2 has and spills)
 inline void keep(ISum& v) { __asm__("" : "+x"(v)); }
-inline Acc fnma_acc(__m256i isum, float scale, Acc acc) {
-  return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale), acc);
+
+// lane r: the sum of the 8 lanes of v[r], for r < R (0 above): 8 rows' horizontal sums in 9 instructions
+template <int R>
+inline __m256i rows_sum(const __m256i* v) {
+  __m256i u[8];
+  for (int r = 0; r < 8; r++) u[r] = r < R ? v[r] : _mm256_setzero_si256();
+  const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(u[0], u[1]), _mm256_hadd_epi32(u[2], u[3]));
+  const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(u[4], u[5]), _mm256_hadd_epi32(u[6], u[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
 }
+
+// The K-quants' float steps for R activation rows (R <= 8) of one weight row: one chain per output over the
+// super-blocks, acc = fma(isum, d * dx, acc), then acc = fma(-msum, dmin * dx, acc) where there are minimums.
+// Every kernel (this one with a lane per activation row, the scalar one, the AMX tiles of ggml_amx.h) does exactly
+// these float operations on the same exact integer sums, so all of them give the same bits.
+template <int R>
+struct KSteps {
+  __m256 acc = _mm256_setzero_ps();  // lane r: the output of activation row r0 + r
+  // is[r], ms[r]: 8-lane partial integer sums of row r (ms: nullptr where the type has no minimums)
+  void step(const ISum* is, const ISum* ms, float d, float dmin, const XSet& x, int64_t r0, int64_t sb) {
+    alignas(32) float dx[8] = {};
+    for (int r = 0; r < R; r++) dx[r] = x.dval(r0 + r, sb);
+    const __m256 dxv = _mm256_load_ps(dx);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows_sum<R>(is)), _mm256_mul_ps(_mm256_set1_ps(d), dxv), acc);
+    if (ms != nullptr)
+      acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(rows_sum<R>(ms)), _mm256_mul_ps(_mm256_set1_ps(dmin), dxv), acc);
+  }
+  void store(float* y, int64_t r0, int64_t ystride) const {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc);
+    for (int r = 0; r < R; r++) y[(r0 + r) * ystride] = v[r];
+  }
+};
 #else
 using ISum = int32_t;
 inline ISum isum_zero() { return 0; }
 inline ISum isum_add(ISum a, ISum b) { return a + b; }
 inline void keep(ISum&) {}
-inline Acc fnma_acc(int32_t isum, float scale, Acc acc) { return acc - (float)isum * scale; }
+
+template <int R>
+struct KSteps {  // the same float operations, one output at a time
+  float acc[R] = {};
+  void step(const ISum* is, const ISum* ms, float d, float dmin, const XSet& x, int64_t r0, int64_t sb) {
+    for (int r = 0; r < R; r++) {
+      const float dx = x.dval(r0 + r, sb);
+      acc[r] = std::fma((float)is[r], d * dx, acc[r]);
+      if (ms != nullptr) acc[r] = std::fma(-(float)ms[r], dmin * dx, acc[r]);
+    }
+  }
+  void store(float* y, int64_t r0, int64_t ystride) const {
+    for (int r = 0; r < R; r++) y[(r0 + r) * ystride] = acc[r];
+  }
+};
 #endif
 
 // Rows r0 .. r0+R of the output column of one K-quant weight row. Per row and super-block: one integer sum over
 // the 8 sub-blocks (tiles of 8 rows ran 1.4x (Q4_K) and 1.5x (Q6_K) faster than tiles of 4 with the minimum
-// terms summed apart, at 16 rows on one Zen 3 core), then acc += (d dx) isum and, for Q4_K/Q5_K,
-// acc -= (dmin dx) m_j sum(x_j) in 8 float lanes; one horizontal sum at the end.
+// terms summed apart, at 16 rows on one Zen 3 core), then the float steps of KSteps.
 template <int64_t T, int R>
 void ktile(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
   using B = KBlock<T>;
-  Acc acc[R];
-  for (int r = 0; r < R; r++) acc[r] = acc_zero();
+  KSteps<R> steps;
   for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
     const B blk(w + sb * B::BYTES);
     // the same super-block of the next weight row, while this one computes: streaming a model from memory
@@ -338,15 +381,16 @@ void ktile(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystrid
         keep(is[r]);
       }
     }
-    decltype(blk.min_vec()) mv{};
-    if constexpr (B::MIN) mv = blk.min_vec();
-    for (int r = 0; r < R; r++) {
-      const float dx = x.dval(r0 + r, sb);
-      acc[r] = fma_acc(is[r], blk.d * dx, acc[r]);
-      if constexpr (B::MIN) acc[r] = fnma_acc(blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]), blk.dmin * dx, acc[r]);
+    if constexpr (B::MIN) {
+      const auto mv = blk.min_vec();
+      ISum ms[R];
+      for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]);
+      steps.step(is, ms, blk.d, blk.dmin, x, r0, sb);
+    } else {
+      steps.step(is, nullptr, blk.d, 0.0f, x, r0, sb);
     }
   }
-  for (int r = 0; r < R; r++) y[(r0 + r) * ystride] = acc_sum(acc[r], acc_zero());
+  steps.store(y, r0, ystride);
 }
 
 // Rows r0 .. r0+R of the output column of one legacy weight row (blocks of 32, activations in blocks of 32).
@@ -399,6 +443,9 @@ void in_tiles(int64_t M, F&& f) {
 
 #ifdef OFFSPEC_AVX512
 #include "ggml_dot512.h"
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#define OFFSPEC_AMX 1  // ggml_amx.h: the K-quants of wide passes on the tile unit, the same results
+#endif
 #endif
 
 namespace offspec {

@@ -3,7 +3,7 @@
 //
 // Bit for bit the AVX2 tiles' results: every integer sum is exact (no 16-bit saturation: the largest pair sum is
 // 2 * 128 * 127), the two halves of a register are folded into the AVX2 kernel's 8 lanes before any float step,
-// and the float steps are the AVX2 kernel's, in its order. A machine with AVX-512 and one without compute the
+// and the float steps are the AVX2 kernel's, in its order (the K-quants': KSteps). A machine with AVX-512 and one without compute the
 // same logits (tests/test_formats.py compares the two builds where the CPU can run both).
 #pragma once
 
@@ -71,8 +71,7 @@ inline __m512i kq2(const KBlock<T>& b, int j) {
 template <int64_t T, int R>
 void ktile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
   using B = KBlock<T>;
-  Acc acc[R];
-  for (int r = 0; r < R; r++) acc[r] = acc_zero();
+  KSteps<R> steps;
   for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
     const B blk(w + sb * B::BYTES);
     for (int64_t line = 0; line < B::BYTES; line += 64) __builtin_prefetch(w + n * B::BYTES + sb * B::BYTES + line);
@@ -97,15 +96,18 @@ void ktile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t yst
         }
       }
     }
-    decltype(blk.min_vec()) mv{};
-    if constexpr (B::MIN) mv = blk.min_vec();
-    for (int r = 0; r < R; r++) {
-      const float dx = x.dval(r0 + r, sb);
-      acc[r] = fma_acc(fold(is[r]), blk.d * dx, acc[r]);
-      if constexpr (B::MIN) acc[r] = fnma_acc(blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]), blk.dmin * dx, acc[r]);
+    ISum folded[R];
+    for (int r = 0; r < R; r++) folded[r] = fold(is[r]);
+    if constexpr (B::MIN) {
+      const auto mv = blk.min_vec();
+      ISum ms[R];
+      for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]);
+      steps.step(folded, ms, blk.d, blk.dmin, x, r0, sb);
+    } else {
+      steps.step(folded, nullptr, blk.d, 0.0f, x, r0, sb);
     }
   }
-  for (int r = 0; r < R; r++) y[(r0 + r) * ystride] = acc_sum(acc[r], acc_zero());
+  steps.store(y, r0, ystride);
 }
 
 // Rows r0 .. r0+R of one legacy weight row's output: tile with an even and an odd block per step, the even
