@@ -7,6 +7,7 @@ State: the committed token sequence `tokens`. Invariants between passes:
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Callable, Optional
@@ -24,7 +25,8 @@ from .types import PassStats, TreeSnapshot
 from .verify import acceptance_walk, best_children, likely_path
 
 
-HEAD_ROWS = 4  # walk positions whose LM-head rows are computed in one call (where rows are batch invariant)
+HEAD_ROWS = 4  # the fewest walk positions whose LM-head rows are computed in one call (where rows are batch invariant)
+LIKELY = math.log(0.5)  # ... more where the tree's scores say the walk reaches them with at least this chance
 
 
 def _clock(device: torch.device) -> float:
@@ -111,18 +113,28 @@ class SpeculativeEngine:
                      ) -> Callable[[int], torch.Tensor]:
         """The target's logits at tree node i, for the walk. Where its LM head gives a row the same bits whatever
         the batch (offspec's CPU kernels), the walk's next rows are computed together, along the draft's
-        likeliest path from the node asked for: one read of the head's weights for up to HEAD_ROWS positions
-        (a one-row head is bound by memory). Elsewhere (GEMMs that round by batch shape) one row at a time, as
-        decoding without a draft does, so that both compute the same numbers."""
+        likeliest path from the node asked for: one read of the head's weights for many positions (a one-row head
+        is bound by memory; on AMX 32 rows cost 2.7 one-row reads). A call takes the positions the tree's scores
+        give at least a LIKELY chance of being reached from there (cumulative log-probabilities: the chance of
+        a node given its ancestor is the difference of their scores), at least HEAD_ROWS; a walk that used every
+        row of a call and goes on asks for twice as many next (a long copy the scores undersold). Elsewhere (GEMMs
+        that round by batch shape) one row at a time, as decoding without a draft does, so that both compute the
+        same numbers."""
         target = self.target
         if len(parents) == 1 or not target.head_is_row_invariant:
             return lambda i: target.logits(hidden[i])
-        best = best_children(parents, scores.tolist())  # sync: the path is chosen on the host (on a CPU: no wait)
+        score = scores.tolist()  # sync: the path is chosen on the host (on a CPU: no wait)
+        best = best_children(parents, score)
         done: dict[int, torch.Tensor] = {}
+        last = {"rows": [], "next": HEAD_ROWS}  # the previous call's rows, and the fewest rows of the next call
 
         def logits_at(i: int) -> torch.Tensor:
             if i not in done:
-                rows = likely_path(i, best, HEAD_ROWS)
+                path = likely_path(i, best, len(parents))
+                likely = sum(1 for k in path if score[k] - score[i] >= LIKELY)  # a prefix: scores never increase
+                fewest = last["next"] if last["rows"] and best.get(last["rows"][-1]) == i else HEAD_ROWS
+                rows = path[: max(fewest, likely)]
+                last.update(rows=rows, next=2 * len(rows))
                 done.update(zip(rows, target.logits(hidden[rows])))  # (len(rows), V) in one call
             return done[i]
 

@@ -140,22 +140,32 @@ def test_likely_path_follows_the_best_scored_child():
 CHAIN = {t: {t + 1: 0.9} for t in range(12)}  # both models continue t with t + 1
 
 
-def chain_engine(row_invariant: bool):
-    target = BigramRunner(CHAIN)
+def chain_engine(row_invariant: bool, chain=CHAIN):
+    target = BigramRunner(chain)
     target.head_is_row_invariant = row_invariant
-    engine = SpeculativeEngine(target, TreeDrafter(BigramRunner(CHAIN)), max_context=64, max_budget=16)
+    engine = SpeculativeEngine(target, TreeDrafter(BigramRunner(chain)), max_context=64, max_budget=16)
     engine.reset_to([9, 0])  # the root is 0
     return engine, target
 
 
 @pytest.mark.parametrize("row_invariant", [True, False])
-def test_the_walk_reads_the_head_a_few_rows_at_a_time_where_rows_are_batch_invariant(row_invariant):
+def test_the_walk_reads_the_head_for_the_likely_path_at_once_where_rows_are_batch_invariant(row_invariant):
     engine, target = chain_engine(row_invariant)
     chooser = TokenChooser(SamplingConfig(temperature=0.0), torch.device("cpu"))
     config = TreeConfig(budget=6, max_beams=1, branch=2, max_depth=8)
     tokens, stats = engine.speculative_step(config, chooser)
     assert tokens == [1, 2, 3, 4, 5, 6, 7] and stats.accepted == 6  # the whole chain, then the bonus token
-    if row_invariant:  # the walk's 7 positions along the likeliest path in calls of HEAD_ROWS rows
-        assert target.logits_rows == [list(range(7))[i : i + HEAD_ROWS] for i in range(0, 7, HEAD_ROWS)]
+    if row_invariant:  # 0.9 a step: the root and 6 nodes are reached with a chance of 0.9^6 = 0.53 or more
+        assert target.logits_rows == [list(range(7))]
     else:
         assert target.logits_rows == [[t] for t in range(7)]
+
+
+def test_an_unlikely_path_is_read_a_few_rows_at_a_time_then_twice_as_many_while_the_walk_goes_on():
+    chain = {t: {t + 1: 0.3} for t in range(20)}  # a long chain the draft rates unlikely: 0.3 a step
+    engine, target = chain_engine(True, chain)
+    chooser = TokenChooser(SamplingConfig(temperature=0.0), torch.device("cpu"))
+    config = TreeConfig(budget=13, max_beams=1, branch=1, max_depth=16)
+    tokens, stats = engine.speculative_step(config, chooser)
+    assert tokens == list(range(1, 15)) and stats.accepted == 13
+    assert target.logits_rows == [list(range(4)), list(range(4, 12)), list(range(12, 14))]  # 4, then 8, then the rest

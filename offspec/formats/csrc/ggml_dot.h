@@ -404,6 +404,7 @@ void tile(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride
   }
   for (int64_t xb = 0, n = x.K / 32; xb < n; xb++) {
     const B blk(w + xb * B::BYTES);
+    if (xb % 2 == 0) __builtin_prefetch(w + (n + xb) * B::BYTES + 64);  // the next row, as ktile does
     const QVec q = blk.q(0);
     const float ws = blk.scale(0);
     for (int r = 0; r < R; r++) {

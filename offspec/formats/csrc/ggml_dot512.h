@@ -124,6 +124,7 @@ void tile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystr
   int64_t xb = 0;
   for (; xb + 2 <= n; xb += 2) {
     const B b0(w + xb * B::BYTES), b1(w + (xb + 1) * B::BYTES);
+    if (xb % 4 == 0) __builtin_prefetch(w + (n + xb) * B::BYTES + 64);  // the next row, as ktile does
     const __m512i q = join256(b0.q(0), b1.q(0));
     const __m512 ws = join256(_mm256_set1_ps(b0.scale(0)), _mm256_set1_ps(b1.scale(0)));
     const Signed512 qs(q);  // unused (optimised away) for the unsigned types
