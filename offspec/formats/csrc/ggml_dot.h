@@ -316,10 +316,11 @@ inline __m256i rows_sum(const __m256i* v) {
 
 // The K-quants' float steps for R activation rows (R <= 8) of one weight row: one chain per output over the
 // super-blocks, acc = fma(isum, d * dx, acc), then acc = fma(-msum, dmin * dx, acc) where there are minimums.
-// Every kernel (this one with a lane per activation row, the scalar one, the AMX tiles of ggml_amx.h) does exactly
-// these float operations on the same exact integer sums, so all of them give the same bits.
+// Every kernel (this one, the scalar one, the AMX tiles of ggml_amx.h) does exactly these float operations on the
+// same exact integer sums, so all of them give the same bits. From 4 rows, a lane per activation row; below,
+// one row at a time (the 8-row horizontal sums of rows_sum would cost a one-row pass half its time again).
 template <int R>
-struct KSteps {
+struct KStepsLanes {
   __m256 acc = _mm256_setzero_ps();  // lane r: the output of activation row r0 + r
   // is[r], ms[r]: 8-lane partial integer sums of row r (ms: nullptr where the type has no minimums)
   void step(const ISum* is, const ISum* ms, float d, float dmin, const XSet& x, int64_t r0, int64_t sb) {
@@ -336,6 +337,33 @@ struct KSteps {
     for (int r = 0; r < R; r++) y[(r0 + r) * ystride] = v[r];
   }
 };
+
+template <int R>
+struct KStepsRows {
+  __m128 acc[R];  // lane 0: the output of activation row r0 + r (the other lanes are not used)
+  KStepsRows() {
+    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
+  }
+  void step(const ISum* is, const ISum* ms, float d, float dmin, const XSet& x, int64_t r0, int64_t sb) {
+    for (int r = 0; r < R; r++) {
+      // the lanes of is[r] and of ms[r] summed together, [is, ms, is, ms], in float (kept in vector registers:
+      // a round trip through a general register costs a one-row pass a third of its time)
+      const __m256i h = _mm256_hadd_epi32(is[r], ms != nullptr ? ms[r] : _mm256_setzero_si256());
+      const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      const __m128 sums = _mm_cvtepi32_ps(_mm_hadd_epi32(q, q));
+      const __m128 scale = _mm_mul_ps(_mm_setr_ps(d, dmin, 0.0f, 0.0f), _mm_set1_ps(x.dval(r0 + r, sb)));
+      acc[r] = _mm_fmadd_ss(sums, scale, acc[r]);
+      if (ms != nullptr)
+        acc[r] = _mm_fnmadd_ss(_mm_movehdup_ps(sums), _mm_movehdup_ps(scale), acc[r]);  // lane 1 into lane 0
+    }
+  }
+  void store(float* y, int64_t r0, int64_t ystride) const {
+    for (int r = 0; r < R; r++) y[(r0 + r) * ystride] = _mm_cvtss_f32(acc[r]);
+  }
+};
+
+template <int R>
+using KSteps = std::conditional_t<(R >= 4), KStepsLanes<R>, KStepsRows<R>>;
 #else
 using ISum = int32_t;
 inline ISum isum_zero() { return 0; }
@@ -358,39 +386,26 @@ struct KSteps {  // the same float operations, one output at a time
 };
 #endif
 
-// Rows r0 .. r0+R of the output column of one K-quant weight row. Per row and super-block: one integer sum over
-// the 8 sub-blocks (tiles of 8 rows ran 1.4x (Q4_K) and 1.5x (Q6_K) faster than tiles of 4 with the minimum
-// terms summed apart, at 16 rows on one Zen 3 core), then the float steps of KSteps.
+// The integer sums of one K-quant super-block (blk, super-block sb) with activation rows r0 .. r0+R: is[r] over
+// the 8 sub-blocks and, where the type has minimums, ms[r] = sum_j m_j sum(x_j), each as partial sums in lanes
+// (exact). Each sub-block is decoded once for the R rows (tiles of 8 rows ran 1.4x (Q4_K) and 1.5x (Q6_K) faster
+// than tiles of 4 with the minimum terms summed apart, at 16 rows on one Zen 3 core).
 template <int64_t T, int R>
-void ktile(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
-  using B = KBlock<T>;
-  KSteps<R> steps;
-  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
-    const B blk(w + sb * B::BYTES);
-    // the same super-block of the next weight row, while this one computes: streaming a model from memory
-    // ran 5-15% faster with it (the hardware prefetcher alone leaves gaps between rows)
-    for (int64_t line = 0; line < B::BYTES; line += 64) __builtin_prefetch(w + n * B::BYTES + sb * B::BYTES + line);
-    ISum is[R];
-    for (int r = 0; r < R; r++) is[r] = isum_zero();
+inline void ksums(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb, ISum* is, ISum* ms) {
+  for (int r = 0; r < R; r++) is[r] = isum_zero();
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) {
-      const QVec q = blk.q(j);
-      const auto sv = blk.scales(j);
-      for (int r = 0; r < R; r++) {
-        is[r] = isum_add(is[r], blk.isum(q, sv, xload(x.qrow(r0 + r, sb * 8 + j))));
-        keep(is[r]);
-      }
-    }
-    if constexpr (B::MIN) {
-      const auto mv = blk.min_vec();
-      ISum ms[R];
-      for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]);
-      steps.step(is, ms, blk.d, blk.dmin, x, r0, sb);
-    } else {
-      steps.step(is, nullptr, blk.d, 0.0f, x, r0, sb);
+  for (int j = 0; j < 8; j++) {
+    const QVec q = blk.q(j);
+    const auto sv = blk.scales(j);
+    for (int r = 0; r < R; r++) {
+      is[r] = isum_add(is[r], blk.isum(q, sv, xload(x.qrow(r0 + r, sb * 8 + j))));
+      keep(is[r]);
     }
   }
-  steps.store(y, r0, ystride);
+  if constexpr (KBlock<T>::MIN) {
+    const auto mv = blk.min_vec();
+    for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]);
+  }
 }
 
 // Rows r0 .. r0+R of the output column of one legacy weight row (blocks of 32, activations in blocks of 32).
@@ -460,13 +475,81 @@ void rows(const uint8_t* w, const XSet& x, float* y, int64_t ystride) {
 #endif
 }
 
-template <int64_t T>
-void krows(const uint8_t* w, const XSet& x, float* y, int64_t ystride) {
 #ifdef OFFSPEC_AVX512
-  in_tiles<true>(x.M, [&](int64_t r, auto R) { ktile512<T, decltype(R)::value>(w, x, r, y, ystride); });
+#define OFFSPEC_KSUMS ksums512  // two sub-blocks per instruction (ggml_dot512.h)
 #else
-  in_tiles<true>(x.M, [&](int64_t r, auto R) { ktile<T, decltype(R)::value>(w, x, r, y, ystride); });
+#define OFFSPEC_KSUMS ksums
 #endif
+
+// Rows r0 .. r0+R of the output column of one K-quant weight row: per super-block the integer sums, then the float
+// steps of KSteps. The next weight row's super-block is prefetched while this one computes (streaming a model from
+// memory ran 5-15% faster with it: the hardware prefetcher alone leaves gaps between rows).
+template <int64_t T, int R>
+void ktile(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
+  using B = KBlock<T>;
+  KSteps<R> steps;
+  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
+    const B blk(w + sb * B::BYTES);
+    for (int64_t line = 0; line < B::BYTES; line += 64) __builtin_prefetch(w + n * B::BYTES + sb * B::BYTES + line);
+    ISum is[R], ms[R];
+    OFFSPEC_KSUMS<T, R>(blk, x, r0, sb, is, ms);
+    steps.step(is, B::MIN ? ms : nullptr, blk.d, blk.dmin, x, r0, sb);
+  }
+  steps.store(y, r0, ystride);
+}
+
+#ifdef OFFSPEC_AVX2
+// Fewer than 4 activation rows (a decoding step, a small tree): 8 weight rows at a time, a lane per weight row, so
+// one 8-row horizontal sum (rows_sum) serves 8 outputs. Each output's float steps are KSteps' (the same bits).
+// y[(r0 + r) * ystride + i] for weight rows w + i * rb, i < 8.
+template <int64_t T, int R>
+void kwtile(const uint8_t* w, int64_t rb, const XSet& x, int64_t r0, float* y, int64_t ystride) {
+  using B = KBlock<T>;
+  __m256 acc[R];  // acc[r], lane i: weight row i, activation row r0 + r
+  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
+    ISum is[R][8], ms[R][8];  // (activation row, weight row)
+    alignas(32) float d[8], dmin[8];
+    for (int i = 0; i < 8; i++) {
+      const uint8_t* wi = w + i * rb;
+      // this row two super-blocks ahead, or the next 8 rows' first ones (8 rows are read side by side)
+      const uint8_t* ahead = sb + 2 < n ? wi + (sb + 2) * B::BYTES : wi + 8 * rb + (sb + 2 - n) * B::BYTES;
+      for (int64_t line = 0; line < B::BYTES; line += 64) __builtin_prefetch(ahead + line);
+      const B blk(wi + sb * B::BYTES);
+      ISum part[R], mpart[R];
+      OFFSPEC_KSUMS<T, R>(blk, x, r0, sb, part, mpart);
+      for (int r = 0; r < R; r++) {
+        is[r][i] = part[r];
+        if constexpr (B::MIN) ms[r][i] = mpart[r];
+      }
+      d[i] = blk.d;
+      dmin[i] = blk.dmin;
+    }
+    for (int r = 0; r < R; r++) {
+      const __m256 dx = _mm256_set1_ps(x.dval(r0 + r, sb));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows_sum<8>(is[r])), _mm256_mul_ps(_mm256_load_ps(d), dx), acc[r]);
+      if constexpr (B::MIN)
+        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(rows_sum<8>(ms[r])), _mm256_mul_ps(_mm256_load_ps(dmin), dx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * ystride, acc[r]);
+}
+#endif
+
+// y[r * ystride + i] for `count` K-quant weight rows W_i (rb bytes apart) and every activation row r.
+template <int64_t T>
+void krows(const uint8_t* w, int64_t rb, int64_t count, const XSet& x, float* y, int64_t ystride) {
+  int64_t i = 0;
+#ifdef OFFSPEC_AVX2
+  if (x.M < 4)
+    for (; i + 8 <= count; i += 8) {
+      if (x.M == 1) kwtile<T, 1>(w + i * rb, rb, x, 0, y + i, ystride);
+      else if (x.M == 2) kwtile<T, 2>(w + i * rb, rb, x, 0, y + i, ystride);
+      else kwtile<T, 3>(w + i * rb, rb, x, 0, y + i, ystride);
+    }
+#endif
+  for (; i < count; i++)
+    in_tiles<true>(x.M, [&](int64_t r, auto R) { ktile<T, decltype(R)::value>(w + i * rb, x, r, y + i, ystride); });
 }
 
 // Float dot product in a fixed order (float weights, and the types without an integer kernel).
@@ -504,6 +587,12 @@ inline bool integer_kernel(int64_t type) {
 // y[r * ystride + i] = W_i . x_r for the `count` weight rows W_i (rb bytes apart) and every activation row r.
 inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, const XSet& x, float* y,
                      int64_t ystride) {
+  switch (type) {
+    case Q4_K: return krows<Q4_K>(w, rb, count, x, y, ystride);
+    case Q5_K: return krows<Q5_K>(w, rb, count, x, y, ystride);
+    case Q6_K: return krows<Q6_K>(w, rb, count, x, y, ystride);
+    default: break;
+  }
   for (int64_t i = 0; i < count; i++) {
     const uint8_t* wi = w + i * rb;
     float* yi = y + i;
@@ -513,9 +602,6 @@ inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, 
       case Q5_0: rows<Legacy<Q5_0>>(wi, x, yi, ystride); break;
       case Q5_1: rows<Legacy<Q5_1>>(wi, x, yi, ystride); break;
       case Q8_0: rows<Legacy<Q8_0>>(wi, x, yi, ystride); break;
-      case Q4_K: krows<Q4_K>(wi, x, yi, ystride); break;
-      case Q5_K: krows<Q5_K>(wi, x, yi, ystride); break;
-      case Q6_K: krows<Q6_K>(wi, x, yi, ystride); break;
       default: TORCH_CHECK(false, "offspec: no integer kernel for ggml type ", type);
     }
   }

@@ -67,47 +67,35 @@ inline __m512i kq2(const KBlock<T>& b, int j) {
   }
 }
 
-// Rows r0 .. r0+R of one K-quant weight row's output: ktile with two sub-blocks per step.
+// ksums (ggml_dot.h) with two sub-blocks per step; the sums folded to the AVX2 kernel's 8 lanes.
 template <int64_t T, int R>
-void ktile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
-  using B = KBlock<T>;
-  KSteps<R> steps;
-  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
-    const B blk(w + sb * B::BYTES);
-    for (int64_t line = 0; line < B::BYTES; line += 64) __builtin_prefetch(w + n * B::BYTES + sb * B::BYTES + line);
-    __m512i is[R];
-    for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
+inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb, ISum* out, ISum* ms) {
+  __m512i is[R];
+  for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
-    for (int j = 0; j < 8; j += 2) {
-      const __m512i q = kq2(blk, j);
-      const __m512i sv = join256(blk.scales(j), blk.scales(j + 1));
-      if constexpr (T == Q6_K) {
-        const Signed512 qs(q);
-        for (int r = 0; r < R; r++) {
-          const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
-          is[r] = madd_acc(is[r], _mm512_maddubs_epi16(qs.mag, qs.apply(xv)), sv);
-          keep(is[r]);
-        }
-      } else {
-        for (int r = 0; r < R; r++) {
-          const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
-          is[r] = madd_acc(is[r], _mm512_maddubs_epi16(q, xv), sv);
-          keep(is[r]);
-        }
+  for (int j = 0; j < 8; j += 2) {
+    const __m512i q = kq2(blk, j);
+    const __m512i sv = join256(blk.scales(j), blk.scales(j + 1));
+    if constexpr (T == Q6_K) {
+      const Signed512 qs(q);
+      for (int r = 0; r < R; r++) {
+        const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
+        is[r] = madd_acc(is[r], _mm512_maddubs_epi16(qs.mag, qs.apply(xv)), sv);
+        keep(is[r]);
+      }
+    } else {
+      for (int r = 0; r < R; r++) {
+        const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
+        is[r] = madd_acc(is[r], _mm512_maddubs_epi16(q, xv), sv);
+        keep(is[r]);
       }
     }
-    ISum folded[R];
-    for (int r = 0; r < R; r++) folded[r] = fold(is[r]);
-    if constexpr (B::MIN) {
-      const auto mv = blk.min_vec();
-      ISum ms[R];
-      for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]);
-      steps.step(folded, ms, blk.d, blk.dmin, x, r0, sb);
-    } else {
-      steps.step(folded, nullptr, blk.d, 0.0f, x, r0, sb);
-    }
   }
-  steps.store(y, r0, ystride);
+  for (int r = 0; r < R; r++) out[r] = fold(is[r]);
+  if constexpr (KBlock<T>::MIN) {
+    const auto mv = blk.min_vec();
+    for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]);
+  }
 }
 
 // Rows r0 .. r0+R of one legacy weight row's output: tile with an even and an odd block per step, the even
