@@ -6,7 +6,9 @@ integers (offspec trees of that budget, from the generator's drafter) and `auto`
 would pick itself). `model:`, `suffix:` or `hybrid:` before a budget or `auto` picks the drafter
 (`hybrid:16` is named hybrid16, `suffix:auto` suffix-auto). Each prompt is a fresh session for every
 set-up: the suffix drafter's index over earlier generations is off, or a set-up would copy the output
-another set-up just wrote for the same prompt.
+another set-up just wrote for the same prompt. With `session=True` (`--session`) the prompts are one session
+per set-up instead, as in a chat or a server: before each prompt the index over earlier generations holds the
+set-up's own replies to the prompts before it (never one to this prompt); the KV cache still starts cold.
 Greedy runs are checked token for token against `ar` (run first when present); a mismatch is counted and
 reported loudly. The `hf` peer is compared too but reported apart (`outputs_unlike_ar`): transformers attends
 with SDPA, not offspec's exact kernel, so a near-tie may go the other way there. Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the
@@ -66,14 +68,17 @@ def parse_setups(spec: str, base: TreeConfig) -> list[Setup]:
     return setups
 
 
-def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temperature: float, seed: int) -> dict:
-    """One prompt through one set-up; the per-prompt record of the JSON."""
+def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temperature: float, seed: int,
+            session: tuple[list[int], ...] = ()) -> dict:
+    """One prompt through one set-up; the per-prompt record of the JSON. `session`: the set-up's replies to the
+    prompts before this one, put into the session history (`run_bench(session=True)`)."""
     if setup.kind == "hf":
         return _run_hf_assisted(generator, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     saved = generator.tree
     # Every run starts cold: no cached prompt prefix from the set-up before (it would skip this run's prefill)
-    # and no suffix history (the suffix drafter would have seen this very prompt's answer).
+    # and no suffix history but this set-up's own (another set-up may have just written this very prompt's answer).
     generator.engine.forget()
+    generator.engine.drafter.remember(session)
     try:
         if setup.tree is not None:
             generator.tree = setup.tree
@@ -127,13 +132,14 @@ def _run_hf_assisted(generator, prompt: str, *, max_new_tokens: int, temperature
 
 def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tokens: int, temperature: float,
               out_dir: Path, on_progress: Callable[[str], None] = lambda name: None, resume: bool = False,
-              on_resumed: Callable[[int], None] = lambda done: None) -> dict:
+              on_resumed: Callable[[int], None] = lambda done: None, session: bool = False) -> dict:
     """Every prompt through every set-up. With `resume`, the prompts already measured in `out_dir/bench.json`
-    (by every set-up) are kept and only the rest run; the settings must match (see `_resumable`)."""
+    (by every set-up) are kept and only the rest run; the settings must match (see `_resumable`). `session`:
+    the prompts are one session per set-up (see the module doc)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    generator.engine.drafter.use_history(False)  # fresh sessions (see the module doc)
+    generator.engine.drafter.use_history(session)  # fresh sessions, or each set-up's own (see the module doc)
     report = {"environment": environment(generator), "max_new_tokens": max_new_tokens,
-              "temperature": temperature, "prompts": len(prompts), "setups": {}}
+              "temperature": temperature, "session": session, "prompts": len(prompts), "setups": {}}
     runs: dict[str, list[dict]] = {setup.name: [] for setup in setups}
     if resume and (out_dir / "bench.json").is_file():
         report, runs = _resumable(out_dir / "bench.json", report, runs, prompts)
@@ -147,9 +153,10 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
         prompt = prompts[i]
         reference: Optional[list[int]] = None
         for setup in setups:
+            replies = tuple(r["token_ids"] for r in runs[setup.name]) if session else ()
             run = {"prompt": i, "prompt_sha": prompt_sha(prompt),
                    **run_one(generator, setup, prompt, max_new_tokens=max_new_tokens,
-                             temperature=temperature, seed=i)}
+                             temperature=temperature, seed=i, session=replies)}
             if setup.kind == "ar":
                 reference = run["token_ids"]
             elif temperature == 0 and reference is not None and setup.kind == "hf":
@@ -213,8 +220,8 @@ def _resumable(path: Path, fresh: dict, runs: dict[str, list[dict]], prompts: li
     fix = "; rerun with the same settings, or drop --resume / pick another --out"
     if set(old_setups) != set(runs):
         raise OffspecError(f"{path} measured set-ups {','.join(old_setups)}, not {','.join(runs)}{fix}")
-    for key in ("max_new_tokens", "temperature"):
-        if old.get(key) != fresh[key]:
+    for key in ("max_new_tokens", "temperature", "session"):
+        if old.get(key, False if key == "session" else None) != fresh[key]:  # reports before --session: cold
             raise OffspecError(f"{path} used {key} {old.get(key)}, this run {fresh[key]}{fix}")
     old_env, env = old.get("environment", {}), fresh["environment"]
     placement = lambda e: (e.get("extra") or {}).get("placement", {}).get("tiers")  # noqa: E731

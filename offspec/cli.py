@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench-out", help="output directory (bench.json, bench.md)")
     b.add_argument("--resume", action="store_true",
                    help="continue the run in --out: keep the prompts it measured, run the rest (same settings)")
+    b.add_argument("--session", action="store_true",
+                   help="the prompts are one session per set-up, as in a chat or a server: the suffix drafter's "
+                        "history holds the set-up's replies to the earlier prompts (default: every prompt cold)")
 
     sub.add_parser("profile", help="measure the machine and the model pair, choose the tree budget "
                                    "(see `offspec profile --help`)", add_help=False)
@@ -115,7 +118,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         report = run_bench(generator, prompts, setups, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, out_dir=Path(args.out), resume=args.resume,
-                           on_resumed=resumed, on_progress=step)
+                           on_resumed=resumed, on_progress=step, session=args.session)
         progress(ProgressEvent("bench", "bench", state["done"], state["total"], finished=True))
     print(markdown_table(report))
     print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)

@@ -99,6 +99,10 @@ class HybridDrafter:
             self.model.forget()
         self.suffix.forget()
 
+    def remember(self, replies: Sequence[Sequence[int]]) -> None:
+        """Earlier replies of the session into the suffix drafter's session history (benchmarks of a session)."""
+        self.suffix.remember(replies)
+
     def use_history(self, enabled: bool) -> None:
         """The suffix drafter's index over earlier generations of the session: on, or off (e.g. benchmarks)."""
         self.suffix.use_history(enabled)

@@ -73,6 +73,13 @@ class SuffixDrafter:
             self.history.clear()
         self._prompt_length = 0
 
+    def remember(self, replies: Sequence[Sequence[int]]) -> None:
+        """Put earlier replies of the session into the session history, oldest first (as `reset` does when a
+        conversation ends); without a history index (`use_history(False)`), nothing."""
+        if self.history is not None:
+            for reply in replies:
+                self.history.add_sequence(reply)
+
     def use_history(self, enabled: bool) -> None:
         """Switch the index over earlier generations on (empty, bounded by `global_tokens`) or off (dropped)."""
         if not enabled:

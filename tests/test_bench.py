@@ -84,6 +84,27 @@ def test_drafter_setups_run_lossless_in_fresh_sessions(tiny_pair, tmp_path):
     assert "| suffix8 | 2 |" in table and "suffix 100%" in table and "suffix-auto (budget" in table
 
 
+def test_a_session_bench_gives_each_setup_its_own_replies_to_the_earlier_prompts(tiny_pair, tmp_path, monkeypatch):
+    prompts = ["ab ab ab ab", "ab ab ab ab", "cd cd"]
+    setups = parse_setups("ar,suffix:8", TreeConfig())
+    drafter, given = tiny_pair.engine.drafter, []
+    real = drafter.remember
+    monkeypatch.setattr(drafter, "remember", lambda replies: (given.append([list(r) for r in replies]), real(replies)))
+    report = run_bench(tiny_pair, prompts, setups, max_new_tokens=24, temperature=0.0, out_dir=tmp_path, session=True)
+    ar, suffix = ([r["token_ids"] for r in report["setups"][name]["runs"]] for name in ("ar", "suffix8"))
+    assert report["session"] is True and report["setups"]["suffix8"]["greedy_mismatches"] == 0
+    # prompt by prompt, ar then suffix8: each run gets its own set-up's replies to the prompts before it, never
+    # one to its own prompt
+    assert given == [[], [], [ar[0]], [suffix[0]], ar[:2], suffix[:2]]
+    first, second, _ = report["setups"]["suffix8"]["runs"]
+    assert second["passes"] < first["passes"]  # the same prompt again: its reply is copied from the session
+    assert all(run["reused_prompt_tokens"] == 0 for s in report["setups"].values() for run in s["runs"])
+    monkeypatch.setattr(drafter, "remember", real)
+    with pytest.raises(OffspecError, match="used session True, this run False"):  # --resume keeps the setting
+        run_bench(tiny_pair, prompts, setups, max_new_tokens=24, temperature=0.0, out_dir=tmp_path, resume=True)
+    drafter.use_history(True)
+
+
 def test_every_setup_runs_and_greedy_runs_match(tiny_pair, tmp_path):
     prompts = ["Hello", "def f(x):"]
     setups = parse_setups("ar,hf,chain4,8,64,auto", TreeConfig())
