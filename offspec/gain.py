@@ -1,7 +1,7 @@
 """Per-pass tree size by expected gain: verify a node only where it pays for its place in the target's pass.
 
-A target pass costs `base + per_node * n` seconds for n tree nodes (and `head` per position of the
-acceptance walk). Where weights stream (a GPU fed over PCIe, a disk) `per_node` is near zero and every
+A target pass costs `base + per_node * n` seconds for n tree nodes, or as measured points say (and `head` per
+position of the acceptance walk). Where weights stream (a GPU fed over PCIe, a disk) `per_node` is near zero and every
 node is worth proposing; on a CPU with the weights in memory a pass is compute-bound and each node costs a
 good share of a whole pass (on the 2-core test box about 0.09 s + 0.03 s per node), so a node that will
 probably be rejected makes the pass slower than the target alone.
@@ -26,19 +26,38 @@ from typing import Sequence
 
 @dataclass(frozen=True)
 class PassCost:
-    """Seconds of one target pass: base + per_node * nodes, plus head per position of the acceptance walk."""
+    """Seconds of one target pass: base + per_node * nodes, plus head per position of the acceptance walk.
+    With `measured`, the nodes' share follows those points instead: (nodes, seconds above base), piecewise linear
+    between them and past the last at its slope (a CPU's tile kernels cost nearly as much for 4 tokens as for 16,
+    which no straight line through 1 and 16 says)."""
 
     base: float  # the pass over the root alone (the target alone's pass, without the head)
     per_node: float  # each tree node verified beside it
     head: float = 0.0  # LM head and token choice, per accepted position and the bonus
+    measured: tuple[tuple[int, float], ...] = ()  # (nodes, seconds above base), nodes increasing, from 0
 
     def validate(self) -> "PassCost":
         if not all(math.isfinite(x) and x >= 0 for x in (self.base, self.per_node, self.head)) or self.base <= 0:
             raise ValueError(f"pass cost needs base > 0 and per_node, head >= 0, got {self}")
+        nodes = [n for n, _ in self.measured]
+        if self.measured and (nodes[0] != 0 or nodes != sorted(set(nodes)) or
+                              not all(math.isfinite(s) and s >= 0 for _, s in self.measured)):
+            raise ValueError(f"pass cost points need increasing nodes from 0 and finite seconds >= 0, got {self}")
         return self
 
+    def nodes_seconds(self, nodes: int) -> float:
+        """Seconds the nodes add to the pass."""
+        pts = self.measured
+        if len(pts) < 2:
+            return self.per_node * nodes
+        for (n0, s0), (n1, s1) in zip(pts, pts[1:]):
+            if nodes <= n1:
+                return s0 + (s1 - s0) * (nodes - n0) / (n1 - n0)
+        (n0, s0), (n1, s1) = pts[-2], pts[-1]
+        return s1 + max(0.0, (s1 - s0) / (n1 - n0)) * (nodes - n1)
+
     def seconds(self, nodes: int, expected_tokens: float) -> float:
-        return self.base + self.per_node * nodes + self.head * expected_tokens
+        return self.base + self.nodes_seconds(nodes) + self.head * expected_tokens
 
 
 def best_prefix(probabilities: Sequence[float], cost: PassCost, draft_seconds: float = 0.0) -> int:

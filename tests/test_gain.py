@@ -31,6 +31,23 @@ def test_best_prefix_maximizes_expected_tokens_per_second():
     assert best_prefix([0.25], CPU, draft_seconds=0.0) == 0 and best_prefix([0.25], CPU, draft_seconds=1.0) == 1
 
 
+def test_measured_pass_costs_decide_how_many_nodes_pay():
+    # tile kernels: a few nodes cost nearly what 7 do (1.0 alone, 1.5 with 3 nodes, 1.6 with 7), more cost 0.05 each
+    tiles = PassCost(base=1.0, per_node=0.05, measured=((0, 0.0), (3, 0.5), (7, 0.6), (15, 1.0)))
+    assert tiles.nodes_seconds(0) == 0.0 and tiles.nodes_seconds(1) == pytest.approx(0.5 / 3)
+    assert tiles.nodes_seconds(5) == pytest.approx(0.55) and tiles.nodes_seconds(31) == pytest.approx(1.8)
+    assert tiles.seconds(7, 2.0) == pytest.approx(1.6)
+    # candidates of 0.15: a line through 1 and 16 nodes (0.0625 a node) takes any number of them; measured, three
+    # do not pay their 0.5 (1.45 / 1.5 < 1) while eight pay their 0.65 (2.2 / 1.65)
+    line = PassCost(base=1.0, per_node=1.0 / 16)
+    assert best_prefix([0.15] * 8, line) == 8 and best_prefix([0.15] * 8, tiles) == 8
+    assert best_prefix([0.15] * 3, line) == 3 and best_prefix([0.15] * 3, tiles) == 0
+    with pytest.raises(ValueError, match="increasing nodes from 0"):
+        PassCost(base=1.0, per_node=0.1, measured=((1, 0.1), (2, 0.2))).validate()
+    with pytest.raises(ValueError, match="increasing nodes from 0"):
+        PassCost(base=1.0, per_node=0.1, measured=((0, 0.0), (4, 0.2), (2, 0.3))).validate()
+
+
 def test_pass_cost_is_validated_where_a_tree_config_carries_it():
     with pytest.raises(ValueError):
         PassCost(base=0.0, per_node=0.1).validate()
@@ -143,6 +160,9 @@ def test_the_gated_policy_proposes_suffix_candidates_with_the_cost_model():
     assert (tree.drafter, tree.budget, tree.confident_budget, tree.max_depth) == ("suffix", 32, 32, 32)
     assert tree.pass_cost.base == pytest.approx(0.3) and tree.pass_cost.per_node == pytest.approx(0.03)
     assert tree.pass_cost.head == pytest.approx(0.01)
+    # the measured target passes (1 and 33 tokens) as the nodes' cost: 32 nodes add 0.96 s
+    assert [n for n, _ in tree.pass_cost.measured] == [0, 32]
+    assert [s for _, s in tree.pass_cost.measured] == pytest.approx([0.0, 0.96])
     policy.observe(PassStats(tree_size=5, accepted=5, emitted=6, draft_seconds=0.0, target_seconds=0.0, budget=32,
                              drafter="suffix"))
     policy.observe(PassStats(tree_size=0, accepted=0, emitted=1, draft_seconds=0.0, target_seconds=0.0, budget=32,

@@ -145,11 +145,14 @@ class AdaptiveBudget:
         return self._guard_gated
 
     def pass_cost(self, nodes: int) -> PassCost:
-        """The target pass's cost model under the current timing scale, linear up to `nodes` tree nodes."""
+        """The target pass's cost model under the current timing scale, for up to `nodes` tree nodes: the measured
+        pass times at the sizes measured (a pass of k tokens verifies k - 1 nodes), up to `nodes`."""
         costs = self.costs.scaled(target=self.target_time_scale)
         base = costs.target_pass(1)
+        sizes = [k - 1 for k, _ in costs.target_pass.points if 1 < k <= nodes] + [nodes]
+        measured = tuple((n, max(0.0, costs.target_pass(1 + n) - base)) for n in [0, *sorted(set(sizes))])
         return PassCost(base=base, per_node=max(0.0, (costs.target_pass(1 + nodes) - base) / nodes),
-                        head=costs.target_head)
+                        head=costs.target_head, measured=measured)
 
     def next_tree(self, base: TreeConfig) -> TreeConfig:
         """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's.

@@ -30,7 +30,9 @@ from .store import acceptance_curves, costs_of, find_profile, load_profile, prof
 from .timing import PassTimer, SweepConfig, sweep, timed
 
 # The start-up estimate: few sizes, one call each, a hard time cap (the load's warm-up already ran).
-ESTIMATE_TARGET = SweepConfig(sizes=(1, 16, 128, 1024, 4096), repeats=1, max_call_seconds=0.6,
+# Target passes at 2-8 tokens too: the pass cost of a few tree nodes decides per-pass suffix drafts (offspec/gain.py),
+# and on a CPU with tile kernels it is nowhere near a straight line through 1 and 16.
+ESTIMATE_TARGET = SweepConfig(sizes=(1, 2, 4, 8, 16, 128, 1024, 4096), repeats=1, max_call_seconds=0.6,
                               max_total_seconds=3.0, warmup=False, compute_bound_steps=1, probe=False)
 ESTIMATE_DRAFT = SweepConfig(sizes=(1, 8, 64), repeats=1, max_call_seconds=0.3, max_total_seconds=1.5, warmup=False,
                              compute_bound_steps=1, probe=False)
