@@ -37,8 +37,9 @@ constexpr int64_t GRAIN = 16;  // weight rows per task: amortises the fork for s
 // activation rows from which a K-quant runs on the AMX tiles: below it, decoding 16 weight rows for the tiles costs
 // more than the AVX-512 products it saves (Q6_K's decoding takes about twice Q4_K's). Measured on the 1.5B
 // target's projections, 2 cores of a Xeon with AMX: Q4_K at 4 rows 0.54 ms against 0.62, Q6_K at 4 rows 0.79 ms
-// against 0.66 and at 8 rows 0.83 against 1.04.
-inline int64_t amx_min_rows(int64_t type) { return type == Q6_K ? 8 : 4; }
+// against 0.66; from 5 rows the AVX-512 kernels split the rows into tiles of 4 and the rest (whole target
+// passes of 5-6 tokens: 171 ms against 198 with Q6_K on the tiles from 8).
+inline int64_t amx_min_rows(int64_t type) { return type == Q6_K ? 5 : 4; }
 #endif
 
 }  // namespace
