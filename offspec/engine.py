@@ -126,15 +126,16 @@ class SpeculativeEngine:
         score = scores.tolist()  # sync: the path is chosen on the host (on a CPU: no wait)
         best = best_children(parents, score)
         done: dict[int, torch.Tensor] = {}
-        last = {"rows": [], "next": HEAD_ROWS}  # the previous call's rows, and the fewest rows of the next call
+        last: list[int] = []  # the previous call's rows
 
         def logits_at(i: int) -> torch.Tensor:
+            nonlocal last
             if i not in done:
                 path = likely_path(i, best, len(parents))
                 likely = sum(1 for k in path if score[k] - score[i] >= LIKELY)  # a prefix: scores never increase
-                fewest = last["next"] if last["rows"] and best.get(last["rows"][-1]) == i else HEAD_ROWS
-                rows = path[: max(fewest, likely)]
-                last.update(rows=rows, next=2 * len(rows))
+                going_on = bool(last) and best.get(last[-1]) == i  # the walk used every row of the last call
+                rows = path[: max(2 * len(last) if going_on else HEAD_ROWS, likely)]
+                last = rows
                 done.update(zip(rows, target.logits(hidden[rows])))  # (len(rows), V) in one call
             return done[i]
 

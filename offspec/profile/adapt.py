@@ -151,8 +151,7 @@ class AdaptiveBudget:
         base = costs.target_pass(1)
         sizes = [k - 1 for k, _ in costs.target_pass.points if 1 < k <= nodes] + [nodes]
         measured = tuple((n, max(0.0, costs.target_pass(1 + n) - base)) for n in [0, *sorted(set(sizes))])
-        return PassCost(base=base, per_node=max(0.0, (costs.target_pass(1 + nodes) - base) / nodes),
-                        head=costs.target_head, measured=measured)
+        return PassCost(base=base, per_node=measured[-1][1] / nodes, head=costs.target_head, measured=measured)
 
     def next_tree(self, base: TreeConfig) -> TreeConfig:
         """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's.
