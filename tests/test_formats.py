@@ -79,7 +79,7 @@ def test_kernel_rows_are_bitwise_the_same_whatever_the_batch_and_threads(type_na
     full = kernels.linear(x, raw, tid, 512)
     threads = torch.get_num_threads()
     try:
-        for m in (1, 2, 3, 4, 5, 8, 9, 12, 13, 17):  # tiles of 8 and 4 rows, and every remainder
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17):  # 8 weight rows side by side below 8; tiles of 8 and 4
             for start in (0, 2):
                 part = kernels.linear(x[start : start + m].clone(), raw, tid, 512)
                 assert torch.equal(part, full[start : start + m])
