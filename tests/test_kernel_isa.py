@@ -58,7 +58,8 @@ def amx():
 def test_amx_tiles_compute_the_avx512_kernels_bits(amx, type_name):
     rng = np.random.default_rng(11)
     tid = ggml_type(type_name).id
-    for rows, cols in ((53, 768), (16, 256), (37, 1536)):  # a partial group of 16 weight rows; 1, 3, 6 super-blocks
+    # a partial group of 16 weight rows; 1, 3, 6 super-blocks; 17 (K > 4096: Q6_K's tiles from 6 rows, not 8)
+    for rows, cols in ((53, 768), (16, 256), (37, 1536), (16, 4352)):
         raw = torch.from_numpy(random_blocks(rng, type_name, rows, cols))
         x = torch.from_numpy(rng.standard_normal((40, cols)).astype(np.float32) * 3)
         x[7] = 0.0  # an activation block of zeros (scale 0)
@@ -67,7 +68,7 @@ def test_amx_tiles_compute_the_avx512_kernels_bits(amx, type_name):
         amx.set_amx(True)
         assert "AMX" in amx.isa()
         assert torch.isfinite(want).all()
-        for m in (6, 7, 16, 17, 40):  # tiles of 16 activation rows from 6: whole, padded, and several
+        for m in (6, 7, 8, 16, 17, 40):  # tiles of 16 activation rows: whole, padded, and several
             got = amx.qgemm(x[:m].clone(), raw, tid, cols)
             assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), (rows, cols, m)
         assert torch.equal(amx.qgemm(x[9:10].clone(), raw, tid, cols), want[9:10])  # one row: AVX-512 VNNI

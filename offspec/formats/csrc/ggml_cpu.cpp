@@ -36,9 +36,11 @@ constexpr int64_t GRAIN = 16;  // weight rows per task: amortises the fork for s
 #ifdef OFFSPEC_AMX
 // activation rows from which a K-quant runs on the AMX tiles: below it, decoding 16 weight rows for the tiles costs
 // more than the products it saves over the AVX-512 kernels (kwtile below 8 rows decodes each block once for all the
-// rows). Measured streaming the 1.5B target's block weights (Q4_K and Q6_K), 2 cores of a Xeon with AMX, ms:
-// 4 rows 69.5 (AVX-512) against 81.3 (AMX), 5: 83.5 / 86.7, 6: 89.1 / 84.7, 8: 115.3 / 89.0.
-constexpr int64_t AMX_MIN_ROWS = 6;
+// rows). Measured streaming the 1.5B target's weights, 2 cores of a Xeon with AMX, ms (AVX-512 / AMX): all its
+// K-quant block weights, 4 rows 69.5 / 81.3, 5: 83.5 / 86.7, 6: 89.1 / 84.7, 8: 115.3 / 89.0. Q6_K's decoding
+// costs about twice Q4_K's, so its tiles pay from 8 rows (the LM head, 151936 x 1536: 6 rows 14.6 / 19.6, 7: 15.7 /
+// 19.7, 8: 19.1 / 19.7), or from 6 where kwtile's activation rows (M x K int8) spill out of L1 (ffn_down, K = 8960).
+inline int64_t amx_min_rows(int64_t type, int64_t K) { return type == Q6_K && K <= 4096 ? 8 : 6; }
 #endif
 
 }  // namespace
@@ -77,7 +79,7 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   const XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
 #ifdef OFFSPEC_AMX
-  if (ab == 256 && M >= AMX_MIN_ROWS && amx::enabled().load()) done = amx::kgemm(type, wp, rb, N, xs, yp);
+  if (ab == 256 && M >= amx_min_rows(type, K) && amx::enabled().load()) done = amx::kgemm(type, wp, rb, N, xs, yp);
 #endif
   at::parallel_for(done, N, GRAIN, [&](int64_t n0, int64_t n1) {
     dot_rows(type, wp + n0 * rb, rb, n1 - n0, xs, yp + n0, N);
