@@ -89,6 +89,13 @@ def test_kernel_rows_are_bitwise_the_same_whatever_the_batch_and_threads(type_na
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("type_name", KERNEL_NAMES)
+def test_no_activation_rows_give_an_empty_product(type_name):
+    raw = blocks(type_name, rows=37)
+    y = kernels.linear(torch.zeros((0, 512)), raw, ggml_type(type_name).id, 512)
+    assert y.shape == (0, 37)
+
+
 def test_activation_rounding_error_is_small_on_smooth_weights():
     """The 8-bit activation blocks are the kernels' only rounding beyond float32: about 0.5% of the output."""
     from tiny_gguf import encode
