@@ -52,6 +52,7 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   x = x.contiguous();
   const int64_t M = x.size(0), N = w.size(0), rb = w.size(1);
   auto y = torch::empty({M, N}, x.options());  // (M, N) float32
+  if (M == 0) return y;  // no activation rows: every path below assumes at least one
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();

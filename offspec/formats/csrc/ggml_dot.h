@@ -555,7 +555,7 @@ void krows(const uint8_t* w, int64_t rb, int64_t count, const XSet& x, float* y,
         case 5: kwtile<T, 5>(w + i * rb, rb, x, 0, y + i, ystride); break;
         case 6: kwtile<T, 6>(w + i * rb, rb, x, 0, y + i, ystride); break;
         case 7: kwtile<T, 7>(w + i * rb, rb, x, 0, y + i, ystride); break;
-        default: break;  // no activation rows: nothing to compute
+        default: break;  // unreachable: qgemm returns before a product of no rows
       }
 #endif
   for (; i < count; i++)
