@@ -10,6 +10,7 @@ import torch
 from offspec.errors import OffspecError
 from offspec.formats import kernels
 from offspec.formats.ggml import ggml_type
+from offspec.progress import no_progress
 from tiny_gguf import random_blocks
 
 INTEGER = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -37,8 +38,32 @@ def test_avx512_kernels_compute_the_avx2_kernels_bits(two_builds, type_name):
     got, want = wide.qgemm(x, raw, tid, cols), avx2.qgemm(x, raw, tid, cols)
     assert torch.isfinite(want).all()
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-    for m in (1, 4, 7):  # below 8 rows the K-quants run 8 weight rows side by side (kwtile): the same bits too
+    for m in (1, 2, 3, 4, 5, 7):  # the K-quants: kwtile below 8 rows; the legacy types: tiles of 4, then the rest
         assert torch.equal(wide.qgemm(x[5:5 + m].clone(), raw, tid, cols), want[5:5 + m])
+
+
+@pytest.fixture(scope="module")
+def no_vnni(two_builds):
+    """The AVX-512 kernels as a CPU without VNNI runs them (Skylake-X): Q4_0 and Q5_0 as unsigned bytes summed by
+    maddubs, Q8_0 with the sign trick."""
+    flags = [f for f in kernels._simd_flags("avx512") if f != "-mavx512vnni"]
+    return kernels._compile(no_progress, flags)
+
+
+@pytest.mark.parametrize("type_name", ("Q4_0", "Q5_0", "Q8_0", "Q4_1"))
+def test_avx512_without_vnni_computes_the_same_bits(two_builds, no_vnni, type_name):
+    wide, avx2 = two_builds
+    assert no_vnni.isa() == "AVX-512"
+    rng = np.random.default_rng(8)
+    tid = ggml_type(type_name).id
+    for cols in (480, 512):  # an odd and an even number of blocks of 32
+        raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))
+        x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
+        x[2, :64] = 0.0  # activation blocks of zeros (scale 0)
+        want = avx2.qgemm(x, raw, tid, cols)
+        for m in (1, 2, 3, 4, 9):
+            for ext in (no_vnni, wide):
+                assert torch.equal(ext.qgemm(x[:m].clone(), raw, tid, cols).view(torch.int32), want[:m].view(torch.int32))
 
 
 @pytest.fixture()

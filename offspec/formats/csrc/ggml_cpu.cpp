@@ -77,7 +77,10 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
   });
-  const XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
+  std::vector<int32_t> xo(needs_offset_lanes(type) ? M * (K / 4) : 0);  // (M, K/4) their lanes' offset terms
+  for (int64_t m = 0; m < (int64_t)xo.size() / (K / 4); m++) offset_lanes(&xq[m * K], K, legacy_offset(type), &xo[m * (K / 4)]);
+  XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
+  if (!xo.empty()) xs.o = xo.data();
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
 #ifdef OFFSPEC_AMX
   if (ab == 256 && M >= amx_min_rows(type, K) && amx::enabled().load()) done = amx::kgemm(type, wp, rb, N, xs, yp);

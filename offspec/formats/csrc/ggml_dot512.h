@@ -112,7 +112,7 @@ void tile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystr
   int64_t xb = 0;
   for (; xb + 2 <= n; xb += 2) {
     const B b0(w + xb * B::BYTES), b1(w + (xb + 1) * B::BYTES);
-    if (xb % 4 == 0) __builtin_prefetch(w + (n + xb) * B::BYTES + 64);  // the next row, as ktile does
+    legacy_prefetch(w + xb * B::BYTES);
     const __m512i q = join256(b0.q(0), b1.q(0));
     const __m512 ws = join256(_mm256_set1_ps(b0.scale(0)), _mm256_set1_ps(b1.scale(0)));
     const Signed512 qs(q);  // unused (optimised away) for the unsigned types
@@ -139,6 +139,82 @@ void tile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystr
     float v = acc_sum(even, odd);
     if constexpr (B::MIN) v += off_even[r] + off_odd[r];
     y[(r0 + r) * ystride] = v;
+  }
+}
+
+// The signed legacy types as unsigned bytes (Q4_0, Q5_0; Q8_0 where VNNI multiplies all 8 bits of an unsigned byte
+// without saturating): u = q + offset, so a block pair's products need no sign trick (tile512's abs, mask and
+// negation) and a lane's sum starts at -offset times the sum of its 4 activations (XSet::o, once per activation row),
+// which leaves it the exact int32 sum of q * x that tile512 computes: the same float steps on the same integers.
+constexpr bool unsigned_legacy(int64_t type) {
+#ifdef __AVX512VNNI__
+  return type == Q4_0 || type == Q5_0 || type == Q8_0;
+#else
+  return type == Q4_0 || type == Q5_0;  // maddubs' 16-bit pair sums hold 2 * 31 * 127, not 2 * 255 * 127
+#endif
+}
+
+// blocks b0 and b1 (32 weights each) as u = q + offset, b0 in the low half
+template <int64_t T>
+inline __m512i legacy_unsigned2(const uint8_t* b0, const uint8_t* b1) {
+  if constexpr (T == Q8_0) {
+    return _mm512_xor_si512(join256(load32u(b0 + 2), load32u(b1 + 2)), _mm512_set1_epi8((char)0x80));
+  } else {
+    constexpr int qs = T == Q4_0 ? 2 : 6;  // the 16 bytes of nibbles: elements 0-15 low, 16-31 high
+    const __m512i both = join256(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + qs))),
+                                 _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + qs))));
+    // the second copy of each block's bytes shifted to their high nibbles (16-bit lanes 8-15 and 24-31)
+    __m512i v = _mm512_and_si512(_mm512_mask_srli_epi16(both, 0xFF00FF00u, both, 4), _mm512_set1_epi8(0x0F));
+    if constexpr (T == Q5_0) {  // bit i of a block's 32 bits is the fifth bit of its element i
+      uint32_t h0, h1;
+      std::memcpy(&h0, b0 + 2, 4);
+      std::memcpy(&h1, b1 + 2, 4);
+      v = _mm512_mask_add_epi8(v, _cvtu64_mask64((uint64_t)h1 << 32 | h0), v, _mm512_set1_epi8(16));
+    }
+    return v;
+  }
+}
+
+// 16 int32 lanes: o + the sums of 4 products of unsigned u with signed x (exact: see unsigned_legacy)
+inline __m512i dot_us512_from(__m512i o, __m512i u, __m512i x) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpbusd_epi32(o, u, x);
+#else
+  return _mm512_add_epi32(o, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
+#endif
+}
+
+// tile512 for the unsigned_legacy types: the same accumulators and float steps, in the same order.
+template <int64_t T, int R>
+void tile512u(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystride) {
+  using B = Legacy<T>;
+  __m512 acc[R];  // the even block's 8 lanes low, the odd block's high
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+  const int64_t n = x.K / 32;
+  int64_t xb = 0;
+  for (; xb + 2 <= n; xb += 2) {
+    const uint8_t* p0 = w + xb * B::BYTES;
+    const uint8_t* p1 = p0 + B::BYTES;
+    legacy_prefetch(p0);
+    const __m512i u = legacy_unsigned2<T>(p0, p1);
+    uint16_t h0, h1;
+    std::memcpy(&h0, p0, 2);
+    std::memcpy(&h1, p1, 2);
+    const __m512 ws = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));  // exact
+    for (int r = 0; r < R; r++) {
+      const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, xb));
+      const __m512i isum = dot_us512_from(_mm512_loadu_si512(x.orow(r0 + r, xb)), u, xv);
+      const __m512 scale = _mm512_mul_ps(ws, join256(_mm256_set1_ps(x.dval(r0 + r, xb)), _mm256_set1_ps(x.dval(r0 + r, xb + 1))));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    Acc even = _mm512_castps512_ps256(acc[r]), odd = high256(acc[r]);
+    if (xb < n) {  // an odd number of blocks: the last one is even, as tile512 does it
+      const B blk(w + xb * B::BYTES);
+      even = fma_acc(B::isum(blk.q(0), x.qrow(r0 + r, xb), 0), blk.scale(0) * x.dval(r0 + r, xb), even);
+    }
+    y[(r0 + r) * ystride] = acc_sum(even, odd);
   }
 }
 
