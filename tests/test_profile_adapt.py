@@ -7,7 +7,7 @@ from offspec.bench import parse_setups, run_bench
 from offspec.config import TreeConfig
 from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
 from offspec.profile.curves import AcceptanceCurve, CostCurve
-from offspec.profile.planner import PairCosts, PlannerConfig
+from offspec.profile.planner import PairCosts, PlannerConfig, draft_seconds
 from offspec.types import PassStats
 
 BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -124,3 +124,26 @@ def test_a_suffix_plan_runs_gated_passes_even_when_it_speculates():
     assert tree.pass_cost is not None and tree.pass_cost.base == 0.3
     plain = AdaptiveBudget(costs, acceptance, planner, AdaptConfig(), gate_suffix=False)  # a fixed policy
     assert not plain.gated and plain.next_tree(TreeConfig(confident_budget=48)).budget == plain.plan.best.budget
+
+
+def test_a_hybrid_plan_times_the_model_only_in_the_passes_that_ran_it():
+    """A hybrid pass grows the model's tree unless the suffix match is confident: the draft time of a pass that ran
+    the model is the model's whole tree time, not the plan's average over passes (model_share), and a confident
+    pass's few microseconds say nothing about the model. Draft times that match the model keep the plan."""
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.07), (2, 0.075), (3, 0.08), (9, 0.1)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.02), (2, 0.021), (8, 0.03)]), suffix_seconds=0.0003)
+    acceptance = AcceptanceCurve.of((1, 2, 4, 8), [0.8, 1.4, 2.2, 3.0], model_share=0.3)
+    policy = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8), drafter="hybrid"), AdaptConfig(),
+                            guard=None, gate_suffix=True)
+    assert policy.speculates and policy.plan.best.drafter == "hybrid"
+    best = policy.plan.best
+    model = draft_seconds(costs, acceptance, best.budget, best.max_beams, best.max_depth, "model")
+    for i in range(60):
+        tree = policy.next_tree(TreeConfig())
+        ran_model = i % 3 == 0  # the other passes were confident copies
+        policy.observe(PassStats(tree_size=tree.budget, accepted=1, emitted=2, budget=tree.budget,
+                                 draft_seconds=model if ran_model else 0.0002,
+                                 target_seconds=costs.target_pass(tree.budget + 1),
+                                 drafter="hybrid" if ran_model else "suffix"))
+    assert policy.draft_time_scale == 1.0 and not [r for r in policy.replans if r.reason == "timing"]
+    assert policy.plan.best.drafter == "hybrid" and policy.speculates

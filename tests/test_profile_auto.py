@@ -128,6 +128,7 @@ def test_auto_budget_without_profile_estimates_at_start_up(tiny_dirs, config_dir
     extra = gen.info.extra
     assert extra["budget_source"] == "estimate"
     assert "start-up estimate" in extra["budget_basis"] and "target passes timed" in extra["budget_basis"]
+    assert "draft trees of 1: " in extra["budget_basis"]  # whole-tree growth timed, from a budget of 1
     assert 1 <= gen.tree.budget <= 64 and gen.policy is not None
     plain = gen.generate("Hi", max_new_tokens=16, speculate=False)
     assert gen.generate("Hi", max_new_tokens=16).token_ids == plain.token_ids  # still lossless

@@ -6,7 +6,7 @@ import pytest
 
 from offspec import OffspecError
 from offspec.profile.curves import AcceptanceCurve, CostCurve
-from offspec.profile.planner import PairCosts, PlannerConfig, evaluate, plan
+from offspec.profile.planner import PairCosts, PlannerConfig, auto_beams, draft_seconds, evaluate, plan
 from offspec.profile.report import plan_summary
 
 POW2 = tuple(2**i for i in range(13))  # 1 .. 4096
@@ -81,6 +81,21 @@ def test_walk_cost_and_acceptance_scale():
     assert point.target_seconds == pytest.approx(0.1 + (1 + point.accepted) * 0.01)
     assert evaluate(costs, acceptance, 16, 4, 32, acceptance_scale=2.0).accepted == pytest.approx(2 * point.accepted)
     assert evaluate(costs, acceptance, 2, 4, 32, acceptance_scale=100.0).accepted == 2.0  # never above the budget
+
+
+def test_measured_tree_growth_scales_the_model_and_holds_its_ratio_past_the_largest_budget():
+    """A budget-1 tree is one draft forward (the catch-up gives the root's children): measured whole-tree times
+    replace the single-step model's guesses, and past the largest budget measured the model keeps the ratio it had
+    there instead of a straight line through two tree times."""
+    step = CostCurve.of([(1, 0.03), (2, 0.031), (64, 0.06)])
+    base = PairCosts(target_pass=CostCurve.of([(1, 0.07), (65, 0.3)]), target_head=0.0, draft_step=step)
+    acceptance = saturating(POW2, 4.0, 8.0)
+    modelled = {b: draft_seconds(base, acceptance, b, 1, 64) for b in (1, 2, 64)}
+    assert modelled[1] == pytest.approx(0.031 + 0.03)  # the model charges a chain of 1 a step too many
+    measured = PairCosts(**{**base.__dict__, "draft_propose": CostCurve.of([(1, 0.03), (2, 0.062)])})
+    assert draft_seconds(measured, acceptance, 1, 1, 64) == pytest.approx(0.03)
+    ratio = 0.062 / draft_seconds(base, acceptance, 2, auto_beams(2), 64)
+    assert draft_seconds(measured, acceptance, 64, 1, 64) == pytest.approx(modelled[64] * ratio)
 
 
 def test_slow_draft_is_flagged_and_max_budget_respected():

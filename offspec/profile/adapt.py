@@ -198,10 +198,12 @@ class AdaptiveBudget:
     def _observe_times(self, stats: PassStats, tree: bool) -> None:
         best, costs = self.plan.best, self.costs  # the profile's costs: ratios are against scale 1
         if tree:
-            draft = draft_seconds(costs, self.acceptance, stats.budget, best.max_beams, best.max_depth,
-                                  best.drafter)  # the drafter this policy plans for (suffix: no model step)
+            drafter = best.drafter  # the drafter this policy plans for (suffix: no model step)
+            if drafter == "hybrid":  # this pass's own draft: the model's tree grown (or not: a confident copy)
+                drafter = "suffix" if stats.drafter == "suffix" else "model"
+            draft = draft_seconds(costs, self.acceptance, stats.budget, best.max_beams, best.max_depth, drafter)
             target = costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head
-            if draft > 0:
+            if draft > 0 and (drafter != "suffix" or best.drafter == "suffix"):  # the model's time, where it ran
                 self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))
             if self.guard is not None:
                 expected = 1.0 + min(self._expected_accepted(stats.budget) * self.scale, float(stats.budget))

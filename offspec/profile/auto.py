@@ -16,6 +16,7 @@ based on (`budget_source`, `budget_basis`, `budget_plan`, `budget_adaptive`, `bu
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from importlib import resources
 from typing import Any, Optional
@@ -24,6 +25,7 @@ from ..progress import ProgressEvent, ProgressFn, no_progress
 from .adapt import AdaptiveBudget
 from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
+from .measure import CALIBRATION_DEPTH
 from .planner import PairCosts, PlannerConfig
 from .schema import ACCEPTANCE_FILE_SCHEMA, validate
 from .store import acceptance_curves, costs_of, find_profile, load_profile, profile_key, stale_profiles
@@ -37,6 +39,10 @@ ESTIMATE_TARGET = SweepConfig(sizes=(1, 2, 4, 8, 16, 128, 1024, 4096), repeats=1
 ESTIMATE_DRAFT = SweepConfig(sizes=(1, 8, 64), repeats=1, max_call_seconds=0.3, max_total_seconds=1.5, warmup=False,
                              compute_bound_steps=1, probe=False)
 ESTIMATE_CONTEXT = "Write a short Python function that adds two numbers, then explain it in one sentence."
+# Whole-tree draft growth at small budgets, while the start-up's time allows: what a tree of a few nodes costs (one
+# forward for a budget of 1) is measured, not modelled from single steps (which charge a chain one draft step too many).
+ESTIMATE_PROPOSE = (1, 2, 4, 8, 16, 32, 64)
+ESTIMATE_PROPOSE_SECONDS = 1.5
 
 
 def pair_key(generator, load_cfg: Any) -> dict:
@@ -82,7 +88,7 @@ def estimate_costs(generator, progress: ProgressFn = no_progress) -> tuple[PairC
     engine = generator.engine
     draft = engine.drafter.runner  # None without a draft model
     timer = PassTimer(engine.target, draft, generator.tree.branch)
-    draft_points = []
+    draft_points, propose = [], []
     try:
         context = generator.encode(ESTIMATE_CONTEXT)[-max(1, engine.max_context // 2):]  # fits any context limit
         engine.reset_to(context)
@@ -97,16 +103,38 @@ def estimate_costs(generator, progress: ProgressFn = no_progress) -> tuple[PairC
                                     "estimating the tree budget: draft steps", progress)
         head = timer.head(repeats=2)
         suffix = suffix_seconds(generator, context)
+        if draft is not None:
+            propose = estimate_propose(generator, context)
     finally:
         engine.forget()
     shown = ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in target_points)
     detail = f"target passes timed at start-up ({shown} by tokens)"
     if draft_points:
         detail += f", draft steps at {', '.join(str(n) for n, _ in draft_points)} nodes"
+    if propose:
+        detail += f", draft trees of {', '.join(f'{b}: {s * 1000:.0f} ms' for b, s in propose)} by budget"
     detail += f", a suffix proposal {suffix * 1000:.1f} ms"
     return PairCosts(target_pass=CostCurve.of(target_points), target_head=head,
-                     draft_step=CostCurve.of(draft_points) if draft_points else None, expand_ratio=1.0,
-                     suffix_seconds=suffix), detail
+                     draft_step=CostCurve.of(draft_points) if draft_points else None,
+                     draft_propose=CostCurve.of(propose) if propose else None, expand_ratio=1.0,
+                     calibration_depth=CALIBRATION_DEPTH, suffix_seconds=suffix), detail
+
+
+def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
+    """Seconds to grow a whole model tree (automatic beams, the calibration depth) at ESTIMATE_PROPOSE's budgets,
+    one timed call each after an untimed one, until ESTIMATE_PROPOSE_SECONDS are spent: [(budget, seconds)]."""
+    from ..config import TreeConfig
+
+    engine = generator.engine
+    drafter = engine.drafter
+    points, start = [], time.perf_counter()
+    for budget in ESTIMATE_PROPOSE:
+        if budget > engine.max_budget or time.perf_counter() - start > ESTIMATE_PROPOSE_SECONDS:
+            break
+        config = TreeConfig(budget=budget, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH, drafter="model")
+        drafter.propose(context, config, 0.0)  # untimed: sizes the tree buffers for this budget
+        points.append((budget, timed(lambda: drafter.propose(context, config, 0.0), drafter.runner.device)))
+    return points
 
 
 def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] = None) -> AdaptiveBudget:

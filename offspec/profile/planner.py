@@ -148,9 +148,11 @@ def _model_tree_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: i
     modelled = _model_draft(costs, acceptance, budget, beams, depth)
     if costs.draft_propose is None:
         return modelled
-    # scale the model to the measured whole-tree time at this budget (automatic beams, calibration depth)
-    reference = _model_draft(costs, acceptance, budget, auto_beams(budget), costs.calibration_depth)
-    scale = costs.draft_propose(budget) / reference if reference > 0 else 1.0
+    # scale the model to the measured whole-tree time at this budget (automatic beams, calibration depth); past the
+    # largest budget measured, by the ratio there (the model's growth, not a straight line through two tree times)
+    at = min(budget, costs.draft_propose.largest)
+    reference = _model_draft(costs, acceptance, at, auto_beams(at), costs.calibration_depth)
+    scale = costs.draft_propose(at) / reference if reference > 0 else 1.0
     return modelled * min(4.0, max(0.25, scale))
 
 
