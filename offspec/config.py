@@ -42,6 +42,10 @@ class TreeConfig:
     # the target pass's cost model: suffix-only trees keep just the candidates that pay for their place in the
     # pass (offspec/gain.py), possibly none; None = every candidate up to the budget. `budget="auto"` sets it
     pass_cost: Optional[PassCost] = None
+    # what the plan expects of the draft model's tree in a hybrid pass: (accepted tokens, draft seconds). With
+    # `pass_cost`, a hybrid pass grows that tree only where it is expected to beat the suffix candidates that pay on
+    # their own (a copy of given text takes those, prose the model's tree); None = always. `budget="auto"` sets it
+    model_expectation: Optional[tuple[float, float]] = None
 
     @property
     def beams(self) -> int:
@@ -64,6 +68,10 @@ class TreeConfig:
                 self.pass_cost.validate()
             except (AttributeError, TypeError, ValueError) as exc:
                 raise OffspecError(f"pass_cost must be an offspec.gain.PassCost with base > 0: {exc}") from None
+        if self.model_expectation is not None and not (
+                len(self.model_expectation) == 2 and all(math.isfinite(x) and x >= 0 for x in self.model_expectation)):
+            raise OffspecError(f"model_expectation must be (accepted tokens, draft seconds), both >= 0, "
+                               f"got {self.model_expectation!r}")
         return self
 
     @classmethod

@@ -21,6 +21,7 @@ from .tree import DraftTree
 
 class Drafter(Protocol):
     kind: str  # what built the last tree: "model", "suffix" or "hybrid" (PassStats.drafter)
+    caught_up: int  # committed tokens the last proposal's draft model processed before growing (PassStats.caught_up)
 
     def propose(self, tokens: list[int], tree: TreeConfig, temperature: float) -> DraftTree:
         """Build a tree whose root is `tokens[-1]` (the last committed token)."""
@@ -47,6 +48,7 @@ class TreeDrafter:
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
+        self.caught_up = 0
         self._tree: DraftTree | None = None
         self._base = 0  # committed length when the current tree was proposed
 
@@ -73,6 +75,7 @@ class TreeDrafter:
         n_committed = len(tokens)
         if runner.length >= n_committed:  # the root's draft logits are needed: re-run it
             runner.cache.truncate(n_committed - 1)
+        self.caught_up = n_committed - runner.length  # 1-2 after a pass that ran the model, more after others
         hidden = runner.extend(tokens[runner.length :])  # (hidden,) of the root: catch up on new tokens
         tree.reset(tokens[-1])
         tree.expanded[0] = True

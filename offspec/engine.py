@@ -181,5 +181,5 @@ class SpeculativeEngine:
         stats = PassStats(tree_size=n - 1, accepted=len(accepted), emitted=len(new_tokens), draft_seconds=t1 - t0,
                           target_seconds=t2 - t1, budget=config.budget, depth_counts=tuple(tree.depth_counts()),
                           tree=tree_view, io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0],
-                          drafter=self.drafter.kind)
+                          drafter=self.drafter.kind, caught_up=self.drafter.caught_up)
         return new_tokens, stats

@@ -17,6 +17,7 @@ passes or calls is always safe: the draft model catches up on the tokens it has 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Sequence
 
 import torch
@@ -32,6 +33,7 @@ class HybridDrafter:
     def __init__(self, model: Optional[TreeDrafter], suffix: SuffixDrafter):
         self.model, self.suffix = model, suffix
         self.kind = "hybrid"  # what built the last tree: "model", "suffix" or "hybrid"
+        self.caught_up = 0  # tokens the draft model caught up on in the last proposal (0: it did not run)
         self._ran_model = False
         self._source: Optional[list[int]] = None  # merged node -> node of the model's tree (-1: suffix only)
         self._out: Optional[DraftTree] = None
@@ -60,16 +62,25 @@ class HybridDrafter:
     # --- the Drafter interface -------------------------------------------------------------------
     def propose(self, tokens: list[int], config: TreeConfig, temperature: float) -> DraftTree:
         mode = self.check_mode(config.drafter)
-        self._source = None
+        self._source, self.caught_up = None, 0
         if mode == "model":
             self.kind, self._ran_model = "model", True
-            return self.model.propose(tokens, config, temperature)
+            tree = self.model.propose(tokens, config, temperature)
+            self.caught_up = self.model.caught_up
+            return tree
         suffix_tree = self.suffix.propose(tokens, config, temperature, alone=mode == "suffix")
         if mode == "suffix" or self.suffix.confident:
             self.kind, self._ran_model = "suffix", False
             return suffix_tree
+        if config.pass_cost is not None and config.model_expectation is not None:
+            alone = self._suffix_alone(tokens, config, temperature)
+            if alone is not None:
+                self.kind, self._ran_model = "suffix", False
+                return alone
+            suffix_tree = self.suffix.propose(tokens, config, temperature, alone=False)  # the candidates to merge
         rival = suffix_tree.scores[1 : suffix_tree.n]  # (r,) the suffix candidates' scores
         model_tree = self.model.propose(tokens, config, temperature, rival=rival)
+        self.caught_up = self.model.caught_up
         out = self._out_for(config.budget)
         self._source = merge_trees(model_tree, suffix_tree, config.budget, out).tolist()  # sync: observe() reads it
         self.kind, self._ran_model = "hybrid", True
@@ -106,6 +117,19 @@ class HybridDrafter:
     def use_history(self, enabled: bool) -> None:
         """The suffix drafter's index over earlier generations of the session: on, or off (e.g. benchmarks)."""
         self.suffix.use_history(enabled)
+
+    def _suffix_alone(self, tokens: list[int], config: TreeConfig, temperature: float) -> Optional[DraftTree]:
+        """The suffix candidates that pay on their own (up to `confident_budget`, cut by `pass_cost`, as a gated
+        suffix pass proposes them) where that pass is expected to make more tokens per second than one with the
+        draft model's tree (`model_expectation`); else None. The suffix tree's own expectation is the sum of its
+        candidates' chances (offspec/gain.py), the model's the plan's."""
+        nodes = max(config.budget, config.confident_budget)
+        alone = replace(config, budget=nodes, confident_budget=nodes, max_depth=nodes)
+        tree = self.suffix.propose(tokens, alone, temperature, alone=True)
+        cost, (accepted, draft) = config.pass_cost, config.model_expectation
+        suffix_rate = self.suffix.expected / cost.seconds(tree.n - 1, self.suffix.expected)
+        model_rate = (1.0 + accepted) / (draft + cost.seconds(config.budget, 1.0 + accepted))
+        return tree if suffix_rate >= model_rate else None
 
     def _out_for(self, budget: int) -> DraftTree:
         if self._out is None or self._out.capacity != budget + 1:

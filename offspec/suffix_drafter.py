@@ -43,6 +43,7 @@ from .tree import DraftTree
 
 class SuffixDrafter:
     kind = "suffix"
+    caught_up = 0  # no draft model to catch up
 
     def __init__(self, config: SuffixConfig = SuffixConfig(), device: torch.device | str = "cpu"):
         self.config = config.validate()
@@ -54,6 +55,7 @@ class SuffixDrafter:
         self._tree: Optional[DraftTree] = None
         self.match = Match(0, ())  # the last proposal's match (its length and occurrences)
         self.confident = False  # the last match was long and its best continuation clear (see SuffixConfig)
+        self.expected = 1.0  # tokens the last proposal cut by `pass_cost` expects of its pass: 1 + their chances
         # q(m), learned from verified suffix-only trees; kept across conversations (it describes the pair)
         self.rates = ContinuationRates(config.match_half, max_length=config.max_match)
         self._verified: Optional[tuple[int, set[int]]] = None  # the last tree as verified: (m, nodes with children)
@@ -94,6 +96,7 @@ class SuffixDrafter:
         `alone`: the tree is verified as it is (False: the hybrid merges it with the model's unless confident);
         such a tree is cut to the candidates that pay when `config.pass_cost` is set (see the module doc)."""
         self.conversation.extend(tokens[self.conversation.end :])  # the tokens committed since the last pass
+        self.expected = 1.0
         occurrences, m = self._longest(tokens)
         c = self.config
         self.confident = m >= c.confident_match and _top_share(occurrences) >= c.confident_share
@@ -137,6 +140,7 @@ class SuffixDrafter:
         probs = self._probabilities(cont, m)
         order = sorted(range(len(probs)), key=lambda i: -probs[i])
         n = best_prefix([probs[i] for i in order], config.pass_cost)
+        self.expected = 1.0 + sum(probs[i] for i in order[:n])
         return order[:n]
 
     def observe(self, accepted: list[int], n_committed: int) -> None:

@@ -34,6 +34,7 @@ class PassStats:
     bytes_streamed: int = 0  # weight bytes streamed to the device for this pass
     tree: Optional[TreeSnapshot] = None  # filled in for the last pass of a call (for the UI's tree panel)
     drafter: str = ""  # what built the tree: "model", "suffix" or "hybrid" ("" when not speculating)
+    caught_up: int = 0  # committed tokens the draft model processed first (its cache lagged), 0 if it did not run
 
     @property
     def stream_bandwidth(self) -> float:

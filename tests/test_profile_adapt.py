@@ -147,3 +147,24 @@ def test_a_hybrid_plan_times_the_model_only_in_the_passes_that_ran_it():
                                  drafter="hybrid" if ran_model else "suffix"))
     assert policy.draft_time_scale == 1.0 and not [r for r in policy.replans if r.reason == "timing"]
     assert policy.plan.best.drafter == "hybrid" and policy.speculates
+
+
+def test_a_hybrid_plan_lets_each_pass_choose_and_keeps_suffix_passes_out_of_the_curve():
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.07), (2, 0.075), (3, 0.08), (9, 0.1)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.02), (2, 0.021), (8, 0.03)]), suffix_seconds=0.0003)
+    acceptance = AcceptanceCurve.of((1, 2, 4, 8), [0.8, 1.4, 2.2, 3.0], model_share=0.3)
+    policy = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8), drafter="hybrid"), AdaptConfig(),
+                            gate_suffix=True)
+    assert policy.choosing and policy.use_tree()
+    tree = policy.next_tree(TreeConfig(confident_budget=16))
+    best = policy.plan.best
+    assert tree.drafter == "hybrid" and tree.pass_cost is not None
+    assert tree.model_expectation == (best.accepted, draft_seconds(costs, acceptance, best.budget, best.max_beams,
+                                                                   best.max_depth, "model"))
+    for _ in range(30):  # suffix passes that took nothing: the suffix drafter's business, not the model's curve
+        policy.next_tree(TreeConfig(confident_budget=16))
+        policy.observe(PassStats(tree_size=3, accepted=0, emitted=1, draft_seconds=0.0003, target_seconds=0.08,
+                                 budget=tree.budget, drafter="suffix"))
+    assert policy.passes == 0 and policy.scale == 1.0 and policy.gated_passes == 30
+    fixed = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8), drafter="hybrid"), AdaptConfig())
+    assert not fixed.choosing and fixed.next_tree(TreeConfig()).model_expectation is None

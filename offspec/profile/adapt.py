@@ -126,6 +126,14 @@ class AdaptiveBudget:
         on streamed code edits the planned 4 nodes took 1.69 tokens per pass where the cut takes more."""
         return self.gate_suffix and (not self.plan.speculates or self.plan.best.drafter == "suffix")
 
+    @property
+    def choosing(self) -> bool:
+        """Each hybrid pass chooses between the model's tree and the suffix candidates that pay on their own, by
+        the plan's expectation of the one and the pass cost of the other (`TreeConfig.model_expectation`): the plan
+        is a hybrid tree and this policy gates suffix candidates. The measured speeds then decide pass by pass, so
+        the SpeedGuard (which weighs one kind of pass against the other over many) stands aside."""
+        return self.gate_suffix and self.plan.speculates and self.plan.best.drafter == "hybrid"
+
     def use_tree(self) -> bool:
         """Whether the next pass grows a tree: the plan says so and the measured speeds agree (SpeedGuard).
         Where a re-plan (measured times) turned trees off, a tree is still probed now and then, so that the
@@ -133,7 +141,7 @@ class AdaptiveBudget:
         suffix passes always propose (the candidates that do not pay are dropped, all of them if need be)."""
         self._gated_pass = False  # set again by next_tree(): a pass that never reached observe() leaves nothing behind
         self._guard_gated = False
-        if self.gated:
+        if self.gated or self.choosing:
             return True
         if self.guard is None:
             return self.plan.speculates
@@ -163,8 +171,13 @@ class AdaptiveBudget:
                            pass_cost=self.pass_cost(nodes))  # a chain as deep as the nodes: copies run long
         best = self.plan.best
         cost = self.pass_cost(max(best.budget, base.confident_budget)) if self.gate_suffix else None
+        expectation = None
+        if self.choosing:
+            costs = self.costs.scaled(draft=self.draft_time_scale, target=self.target_time_scale)
+            expectation = (best.accepted, draft_seconds(costs, self.acceptance, best.budget, best.max_beams,
+                                                        best.max_depth, "model"))
         return replace(base, budget=best.budget, max_beams=best.max_beams, max_depth=best.max_depth,
-                       drafter=best.drafter, pass_cost=cost)
+                       drafter=best.drafter, pass_cost=cost, model_expectation=expectation)
 
     def _expected_accepted(self, budget: int) -> float:
         depth = self.plan.best.max_depth
@@ -178,6 +191,10 @@ class AdaptiveBudget:
             if self._guard_gated and (stats.draft_seconds > 0 or stats.target_seconds > 0):
                 self.guard.observe_plain(stats.draft_seconds + stats.target_seconds, 1.0 + stats.accepted)
             self._guard_gated = False
+            self._publish()
+            return
+        if self.choosing and stats.drafter == "suffix":  # the hybrid pass chose the suffix candidates alone: its
+            self._observe_gated(stats)  # acceptance is the suffix drafter's (not the curve's), its time the target's
             self._publish()
             return
         if stats.tree_size > stats.budget > 0:  # a confident suffix pass beyond the budget
@@ -202,6 +219,10 @@ class AdaptiveBudget:
             if drafter == "hybrid":  # this pass's own draft: the model's tree grown (or not: a confident copy)
                 drafter = "suffix" if stats.drafter == "suffix" else "model"
             draft = draft_seconds(costs, self.acceptance, stats.budget, best.max_beams, best.max_depth, drafter)
+            if drafter != "suffix" and stats.caught_up > 2 and costs.draft_step is not None:
+                # the draft's cache lagged (a prompt, or passes that ran no model): its first forward took more
+                # tokens than the 2 the model counts, which says nothing about the draft's speed
+                draft += costs.draft_step(stats.caught_up) - costs.draft_step(2)
             target = costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head
             if draft > 0 and (drafter != "suffix" or best.drafter == "suffix"):  # the model's time, where it ran
                 self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))
