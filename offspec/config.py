@@ -68,8 +68,9 @@ class TreeConfig:
                 self.pass_cost.validate()
             except (AttributeError, TypeError, ValueError) as exc:
                 raise OffspecError(f"pass_cost must be an offspec.gain.PassCost with base > 0: {exc}") from None
-        if self.model_expectation is not None and not (
-                len(self.model_expectation) == 2 and all(math.isfinite(x) and x >= 0 for x in self.model_expectation)):
+        expectation = self.model_expectation
+        if expectation is not None and not (isinstance(expectation, tuple) and len(expectation) == 2 and all(
+                isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in expectation)):
             raise OffspecError(f"model_expectation must be (accepted tokens, draft seconds), both >= 0, "
                                f"got {self.model_expectation!r}")
         return self

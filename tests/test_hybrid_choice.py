@@ -3,9 +3,11 @@ are expected to make more tokens per second than a pass with the draft model's t
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from offspec.config import SuffixConfig, TreeConfig
+from offspec.errors import OffspecError
 from offspec.gain import PassCost
 from offspec.hybrid import HybridDrafter
 from offspec.suffix_drafter import SuffixDrafter
@@ -67,3 +69,10 @@ def test_without_an_expectation_every_hybrid_pass_runs_the_model():
     seen = [1] + PHRASE * 6 + [2, 3] + PHRASE[:4]
     hybrid.propose(seen, config(None), 0.0)
     assert model.calls == 1 and hybrid.kind == "hybrid"
+
+
+def test_a_malformed_expectation_is_one_clear_error():
+    for bad in ((1.0,), 3.0, (float("nan"), 0.02), (-1.0, 0.02)):
+        with pytest.raises(OffspecError, match="model_expectation must be"):
+            TreeConfig(model_expectation=bad).validate()
+    assert TreeConfig(model_expectation=(0.8, 0.02)).validate().model_expectation == (0.8, 0.02)

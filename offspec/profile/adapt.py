@@ -15,7 +15,9 @@ ratios. Passes without a tree time the target alone; the draft's scale then foll
 Measured, not predicted: a `SpeedGuard` (offspec/profile/guard.py) times the planned tree against the target
 alone under the current conditions and turns trees off while the target alone is measurably faster. Where the
 policy gates suffix candidates (`gate_suffix`), the passes without the planned tree are gated suffix passes
-instead of the target alone, and the guard weighs the tree against those.
+instead of the target alone, and the guard weighs the tree against those; where the plan is a hybrid tree, each
+pass weighs them itself instead (`choosing`: the model's tree where the plan expects it to beat the suffix
+candidates that pay alone, those where not), so copied code and the prose around it each get their own kind.
 
 Each pass's tree comes from `next_tree()` when `use_tree()` says so, so PassStats.budget shows the budget
 in force; `summary()` (also kept in `info.extra["budget_adaptive"]`) shows the scales, the observed vs

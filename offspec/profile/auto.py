@@ -29,7 +29,7 @@ from .measure import CALIBRATION_DEPTH
 from .planner import PairCosts, PlannerConfig
 from .schema import ACCEPTANCE_FILE_SCHEMA, validate
 from .store import acceptance_curves, costs_of, find_profile, load_profile, profile_key, stale_profiles
-from .timing import PassTimer, SweepConfig, sweep, timed
+from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
 
 # The start-up estimate: few sizes, one call each, a hard time cap (the load's warm-up already ran).
 # Target passes at 2-8 tokens too: the pass cost of a few tree nodes decides per-pass suffix drafts (offspec/gain.py),
@@ -132,9 +132,11 @@ def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
         if budget > engine.max_budget or time.perf_counter() - start > ESTIMATE_PROPOSE_SECONDS:
             break
         config = TreeConfig(budget=budget, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH, drafter="model")
-        drafter.propose(context, config, 0.0)  # untimed: sizes the tree buffers for this budget
-        points.append((budget, timed(lambda: drafter.propose(context, config, 0.0), drafter.runner.device)))
+        propose = lambda: propose_after_a_pass(drafter, context, config)  # noqa: E731
+        propose()  # untimed: sizes the tree buffers for this budget
+        points.append((budget, timed(propose, drafter.runner.device)))
     return points
+
 
 
 def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] = None) -> AdaptiveBudget:

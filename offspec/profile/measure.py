@@ -32,7 +32,7 @@ from ..progress import ProgressEvent, ProgressFn, no_progress
 from ..sampling import TokenChooser
 from .planner import BUDGETS
 from .store import ACCEPTANCE_SECTIONS
-from .timing import PassTimer, SweepConfig, sweep, timed
+from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
 
 CALIBRATION_DEPTH = 64  # max_depth of calibration trees (the planner may choose a smaller cap)
 
@@ -235,8 +235,9 @@ def measure_propose(generator, budgets: list[int], prompts: list[dict], progress
             progress(ProgressEvent("propose", f"draft tree growth: budget {b}", i * len(budgets) + k,
                                    len(prompts) * len(budgets)))
             config = TreeConfig(budget=b, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH, drafter="model")
-            drafter.propose(tokens, config, 0.0)  # untimed: sizes the tree buffers for this budget
-            rows.setdefault(b, []).append(timed(lambda: drafter.propose(tokens, config, 0.0), drafter.runner.device))
+            propose = lambda: propose_after_a_pass(drafter, tokens, config)  # noqa: E731
+            propose()  # untimed: sizes the tree buffers for this budget
+            rows.setdefault(b, []).append(timed(propose, drafter.runner.device))
             if i == 0 and not worth(b, rows[b][-1]):
                 del rows[b]
                 break

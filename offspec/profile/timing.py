@@ -93,6 +93,13 @@ def _probe(run, device, config: SweepConfig, points, start: float, step: str, me
     return found
 
 
+def propose_after_a_pass(drafter, tokens: list[int], config) -> None:
+    """A tree grown as after a pass that accepted a token: the draft catches up on the last 2 tokens (the accepted
+    one and the target's own) before growing (a two-token forward costs a CPU more than a one-token one)."""
+    drafter.runner.cache.truncate(max(0, len(tokens) - 2))
+    drafter.propose(tokens, config, 0.0)
+
+
 class PassTimer:
     """Timed passes on the loaded runners, on top of a committed context the caller prefilled.
 
