@@ -5,6 +5,7 @@ import math
 import pytest
 
 from offspec import OffspecError
+from offspec.profile.auto import ESTIMATE_TARGET  # imported here: the test below replaces timing.timed for a while
 from offspec.profile.curves import AcceptanceCurve, CostCurve
 from offspec.profile.planner import PairCosts, PlannerConfig, auto_beams, draft_seconds, evaluate, plan
 from offspec.profile.report import plan_summary
@@ -151,6 +152,12 @@ def test_sweeps_stop_when_compute_bound_and_probe_past_streaming(monkeypatch):
     assert [n for n, _ in points] == [1, 2, 16, 128, 1024] and bound is None
     curve = CostCurve.of(points)
     assert curve(100) == pytest.approx(2.0) and curve(2048) > curve(1024) > 2.0
+    # the start-up estimate's sweep: a streamed pass over max_call_seconds at 2 tokens (a noisy disk) is probed
+    # further, not extrapolated from two points
+    fake_times(lambda n: 0.46 if n == 1 else max(0.64, 0.002 * n))
+    points, _ = timing.sweep(lambda n: n, cpu, ESTIMATE_TARGET, "t", "t")
+    assert [n for n, _ in points] == [1, 2, 16, 128, 1024]
+    assert CostCurve.of(points)(65) == pytest.approx(0.64)
     # out of time where the cost already grew (a CPU): no probe of far bigger, far slower sizes
     fake_times(lambda n: 0.5 if n < 4 else 5.0)
     points, bound = timing.sweep(lambda n: n, cpu, timing.SweepConfig(repeats=1, max_call_seconds=1.0), "t", "t")

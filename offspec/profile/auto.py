@@ -34,8 +34,11 @@ from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
 # The start-up estimate: few sizes, one call each, a hard time cap (the load's warm-up already ran).
 # Target passes at 2-8 tokens too: the pass cost of a few tree nodes decides per-pass suffix drafts (offspec/gain.py),
 # and on a CPU with tile kernels it is nowhere near a straight line through 1 and 16.
+# A streamed target whose passes pass max_call_seconds while still flat is probed at sizes 8x apart (one call each):
+# without it, two noisy points (a 2-token pass timed 40% slower than a 1-token one, the disk having slowed) were
+# extrapolated into a per-token cost that planned 3-node trees for a pass that costs the same for 64.
 ESTIMATE_TARGET = SweepConfig(sizes=(1, 2, 4, 8, 16, 128, 1024, 4096), repeats=1, max_call_seconds=0.6,
-                              max_total_seconds=3.0, warmup=False, compute_bound_steps=1, probe=False)
+                              max_total_seconds=3.0, warmup=False, compute_bound_steps=1, probe=True)
 ESTIMATE_DRAFT = SweepConfig(sizes=(1, 8, 64), repeats=1, max_call_seconds=0.3, max_total_seconds=1.5, warmup=False,
                              compute_bound_steps=1, probe=False)
 ESTIMATE_CONTEXT = "Write a short Python function that adds two numbers, then explain it in one sentence."
