@@ -141,7 +141,6 @@ def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
     return points
 
 
-
 def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] = None) -> AdaptiveBudget:
     """Plan the tree of a freshly loaded generator and attach the adaptive policy (see the module doc)."""
     progress = progress or no_progress
