@@ -68,16 +68,17 @@ class HybridDrafter:
             tree = self.model.propose(tokens, config, temperature)
             self.caught_up = self.model.caught_up
             return tree
-        suffix_tree = self.suffix.propose(tokens, config, temperature, alone=mode == "suffix")
-        if mode == "suffix" or self.suffix.confident:
-            self.kind, self._ran_model = "suffix", False
-            return suffix_tree
-        if config.pass_cost is not None and config.model_expectation is not None:
+        if mode == "hybrid" and config.pass_cost is not None and config.model_expectation is not None:
             alone = self._suffix_alone(tokens, config, temperature)
             if alone is not None:
                 self.kind, self._ran_model = "suffix", False
                 return alone
             suffix_tree = self.suffix.propose(tokens, config, temperature, alone=False)  # the candidates to merge
+        else:
+            suffix_tree = self.suffix.propose(tokens, config, temperature, alone=mode == "suffix")
+            if mode == "suffix" or self.suffix.confident:
+                self.kind, self._ran_model = "suffix", False
+                return suffix_tree
         rival = suffix_tree.scores[1 : suffix_tree.n]  # (r,) the suffix candidates' scores
         model_tree = self.model.propose(tokens, config, temperature, rival=rival)
         self.caught_up = self.model.caught_up
@@ -120,16 +121,17 @@ class HybridDrafter:
 
     def _suffix_alone(self, tokens: list[int], config: TreeConfig, temperature: float) -> Optional[DraftTree]:
         """The suffix candidates that pay on their own (up to `confident_budget`, cut by `pass_cost`, as a gated
-        suffix pass proposes them) where that pass is expected to make more tokens per second than one with the
-        draft model's tree (`model_expectation`); else None. The suffix tree's own expectation is the sum of its
-        candidates' chances (offspec/gain.py), the model's the plan's."""
+        suffix pass proposes them) where the match is confident (the tree a confident match proposes: a tree of
+        `confident_budget` nodes is never deeper than that) or that pass is expected to make more tokens per second
+        than one with the draft model's tree (`model_expectation`); else None. The suffix tree's own expectation is
+        the sum of its candidates' chances (offspec/gain.py), the model's the plan's."""
         nodes = max(config.budget, config.confident_budget)
         alone = replace(config, budget=nodes, confident_budget=nodes, max_depth=nodes)
         tree = self.suffix.propose(tokens, alone, temperature, alone=True)
         cost, (accepted, draft) = config.pass_cost, config.model_expectation
         suffix_rate = self.suffix.expected / cost.seconds(tree.n - 1, self.suffix.expected)
         model_rate = (1.0 + accepted) / (draft + cost.seconds(config.budget, 1.0 + accepted))
-        return tree if suffix_rate >= model_rate else None
+        return tree if self.suffix.confident or suffix_rate >= model_rate else None
 
     def _out_for(self, budget: int) -> DraftTree:
         if self._out is None or self._out.capacity != budget + 1:

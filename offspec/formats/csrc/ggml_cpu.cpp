@@ -74,11 +74,13 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   std::vector<int8_t> xq(M * K);        // (M, K) activations in 8 bits
   std::vector<float> xd(M * nd);        // (M, K/ab) their scales
   std::vector<int32_t> xs_sum(M * nb);  // (M, K/32) their sums per 32
-  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; m++) quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
-  });
   std::vector<int32_t> xo(needs_offset_lanes(type) ? M * (K / 4) : 0);  // (M, K/4) their lanes' offset terms
-  for (int64_t m = 0; m < (int64_t)xo.size() / (K / 4); m++) offset_lanes(&xq[m * K], K, legacy_offset(type), &xo[m * (K / 4)]);
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) {
+      quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
+      if (!xo.empty()) offset_lanes(&xq[m * K], K, legacy_offset(type), &xo[m * (K / 4)]);
+    }
+  });
   XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
   if (!xo.empty()) xs.o = xo.data();
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
