@@ -3,6 +3,8 @@ auto without a tree when the plan predicts none beats the target alone."""
 
 import math
 
+import pytest
+
 from offspec.bench import parse_setups, run_bench
 from offspec.config import TreeConfig
 from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
@@ -168,3 +170,52 @@ def test_a_hybrid_plan_lets_each_pass_choose_and_keeps_suffix_passes_out_of_the_
     assert policy.passes == 0 and policy.scale == 1.0 and policy.gated_passes == 30
     fixed = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8), drafter="hybrid"), AdaptConfig())
     assert not fixed.choosing and fixed.next_tree(TreeConfig()).model_expectation is None
+
+
+def test_a_hybrid_pass_with_the_model_expects_the_drafts_average_catch_up():
+    """Passes that took the suffix candidates alone leave tokens the draft has not seen; the model's next pass
+    catches up on them first. The choice weighs that debt as the recent model passes paid it on average."""
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.07), (2, 0.075), (3, 0.08), (9, 0.1)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.02), (2, 0.021), (8, 0.05)]), suffix_seconds=0.0003)
+    acceptance = AcceptanceCurve.of((1, 2, 4, 8), [0.8, 1.4, 2.2, 3.0], model_share=0.3)
+    policy = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8), drafter="hybrid"), AdaptConfig(),
+                            guard=None, gate_suffix=True)
+    best = policy.plan.best
+    model = draft_seconds(costs, acceptance, best.budget, best.max_beams, best.max_depth, "model")
+    assert policy.next_tree(TreeConfig()).model_expectation == (best.accepted, model)
+    # the first model pass catches up on the prompt (no debt of the passes), then two suffix passes commit 6 tokens
+    # the next one takes with its own 2; a pass of the model drafter alone owes nothing
+    for caught_up, drafter, emitted in ((150, "hybrid", 2), (0, "suffix", 5), (0, "suffix", 1), (8, "hybrid", 2),
+                                        (30, "model", 2), (0, "suffix", 3)):
+        policy.next_tree(TreeConfig())
+        policy.observe(PassStats(tree_size=best.budget, accepted=emitted - 1, emitted=emitted, budget=best.budget,
+                                 draft_seconds=0.0, target_seconds=0.0, drafter=drafter, caught_up=caught_up))
+    assert list(policy.catch_ups) == [2, 8]
+    debt = (0.0 + (costs.draft_step(8) - costs.draft_step(2))) / 2  # 0.0145 s: the two hybrid passes' mean
+    accepted, draft = policy.next_tree(TreeConfig()).model_expectation
+    assert accepted == best.accepted and math.isclose(draft, model + debt)
+
+
+def test_a_prompts_catch_up_past_the_timed_draft_steps_is_not_taken_for_a_slower_draft():
+    """The first model pass of a conversation catches up on its prompt (150 tokens): its time is extrapolated past
+    the draft steps timed (up to 8 here) and says nothing about the draft's speed; a short catch-up still does."""
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.07), (2, 0.075), (3, 0.08), (9, 0.1)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.02), (2, 0.021), (8, 0.05)]))
+    acceptance = AcceptanceCurve.of((1, 2, 4, 8), [0.8, 1.4, 2.2, 3.0])
+
+    def run(caught_up: int) -> AdaptiveBudget:
+        policy = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8)), AdaptConfig(), guard=None)
+        for i in range(20):
+            best = policy.plan.best  # (an acceptance re-plan may change it)
+            tree = policy.next_tree(TreeConfig())
+            lag = caught_up  # every pass: a new conversation (or a long lag)
+            modelled = draft_seconds(costs, acceptance, tree.budget, best.max_beams, best.max_depth, "model")
+            modelled += costs.draft_step(lag) - costs.draft_step(2)
+            draft = modelled * 3.0  # the catch-ups take 3x their modelled time
+            policy.observe(PassStats(tree_size=tree.budget, accepted=1, emitted=2, budget=tree.budget,
+                                     draft_seconds=draft, target_seconds=costs.target_pass(tree.budget + 1),
+                                     drafter="model", caught_up=lag))
+        return policy
+
+    assert run(150).draft_time_scale == 1.0  # past the 8 nodes timed: not counted
+    assert run(6).draft_time_scale == pytest.approx(3.0)  # within them: a slower draft, re-timed

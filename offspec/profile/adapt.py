@@ -116,6 +116,8 @@ class AdaptiveBudget:
         self.replans: list[Replan] = []
         # timing: observed / predicted seconds per pass, and the scales the current plan assumes
         self.draft_ratios: deque[tuple[int, float]] = deque(maxlen=config.time_window)  # (timed pass, ratio)
+        self.catch_ups: deque[int] = deque(maxlen=config.window)  # tokens the hybrid's model passes caught up on
+        self._unseen = 0  # tokens committed since the last pass that ran the draft model (by passes that did not)
         self.target_ratios: deque[float] = deque(maxlen=config.time_window)
         self.draft_time_scale = self.target_time_scale = 1.0
         self.timed_passes = 0  # passes with times (tree or not)
@@ -229,10 +231,21 @@ class AdaptiveBudget:
         expectation = None
         if self.choosing:
             costs = self.costs.scaled(draft=self.draft_time_scale, target=self.target_time_scale)
-            expectation = (best.accepted, draft_seconds(costs, self.acceptance, best.budget, best.max_beams,
-                                                        best.max_depth, "model"))
+            draft = draft_seconds(costs, self.acceptance, best.budget, best.max_beams, best.max_depth, "model")
+            expectation = (best.accepted, draft + self._catch_up_seconds(costs))
         return replace(base, budget=best.budget, max_beams=best.max_beams, max_depth=best.max_depth,
                        drafter=best.drafter, pass_cost=cost, model_expectation=expectation)
+
+    def _catch_up_seconds(self, costs: PairCosts) -> float:
+        """What a hybrid pass with the model's tree pays on average, past the 2 tokens the plan counts, for the
+        tokens committed by the passes that did not run the model (their debt: the draft sees every token before
+        it grows a tree). Averaged over the recent model passes (`catch_ups`), not this pass's own lag: the debt
+        is owed whichever pass pays it, and a pass that weighed its own lag would leave a draft that fell far
+        behind (a long copy) behind for good."""
+        if not self.catch_ups or costs.draft_step is None:
+            return 0.0
+        step = costs.draft_step
+        return statistics.fmean(max(0.0, step(c) - step(2)) for c in self.catch_ups)
 
     def _expected_accepted(self, budget: int, depth: Optional[int] = None) -> float:
         depth = self.plan.best.max_depth if depth is None else depth
@@ -240,6 +253,12 @@ class AdaptiveBudget:
 
     def observe(self, stats: PassStats) -> None:
         """One pass's statistics: a tree pass (tree_size > 0) or a pass of the target alone."""
+        if stats.drafter in ("model", "hybrid") and stats.caught_up > 0:  # the draft model ran
+            if stats.drafter == "hybrid":  # a conversation's prompt is no debt of the passes: only their tokens
+                self.catch_ups.append(min(stats.caught_up, 2 + self._unseen))
+            self._unseen = 0
+        else:
+            self._unseen += stats.emitted
         if self._gated_pass:
             self._gated_pass = False
             self._observe_gated(stats)
@@ -296,8 +315,11 @@ class AdaptiveBudget:
                 # tokens than the 2 the model counts, which says nothing about the draft's speed
                 draft += costs.draft_step(stats.caught_up) - costs.draft_step(2)
             target = costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head
-            if draft > 0 and (drafter != "suffix" or best.drafter == "suffix"):  # the model's time, where it ran
-                self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))
+            beyond = costs.draft_step is not None and stats.caught_up > costs.draft_step.largest  # a prompt's catch-up:
+            # extrapolated past the sizes timed (a 150-token forward of the default draft took 1.55x the straight
+            # line through its 8- and 64-node steps), it would be taken for a slower draft
+            if draft > 0 and (drafter != "suffix" or best.drafter == "suffix") and not beyond:  # the model's time,
+                self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))  # where it ran
             if self.guard is not None and not probe:
                 expected = 1.0 + min(self._expected_accepted(stats.budget) * self.scale, float(stats.budget))
                 self.guard.observe_tree(stats.draft_seconds + stats.target_seconds, expected)
