@@ -19,11 +19,12 @@ instead of the target alone, and the guard weighs the tree against those; where 
 pass weighs them itself instead (`choosing`: the model's tree where the plan expects it to beat the suffix
 candidates that pay alone, those where not), so copied code and the prose around it each get their own kind.
 
-Exploration: a plan without a tree learns no acceptance (only tree passes join the window), and the prior curve
-is an average over calibration prompts: on code the pair accepts more (on a 2-core EPYC, the default pair's
-chain of 2 took 2.77 tokens per pass on code edits where the prior predicts 2.44, and ran 1.17x the target
-alone, while the plan said no tree pays). So where the best tree of at least 2 nodes is predicted within
-`explore_above` of the target alone, one pass in `explore_every` grows it, and the window re-plans as usual.
+Exploration (the model drafter's plans): a plan without a tree learns no acceptance (only tree passes join the
+window), and the prior curve is an average over calibration prompts: on code the pair accepts more (on a 2-core
+EPYC, the default pair's chain of 2 took 2.77 tokens per pass on code edits where the prior predicts 2.44, and
+ran 1.17x the target alone, while the plan said no tree pays). So where the best tree of at least 2 nodes is
+predicted within `explore_above` of the target alone, one pass in `explore_every` grows it, and the window
+re-plans as usual.
 
 Each pass's tree comes from `next_tree()` when `use_tree()` says so, so PassStats.budget shows the budget
 in force; `summary()` (also kept in `info.extra["budget_adaptive"]`) shows the scales, the observed vs
@@ -182,9 +183,14 @@ class AdaptiveBudget:
         node accepts at most one token: it cannot show an acceptance above the curve's), while that shape's
         predicted speed-up is at least `explore_above`; else None. The prior acceptance curve is an average over
         prompts: a pair that accepts more here (code) than there is only seen by growing trees, and a plan that
-        grows none would never learn it (only a tree pass joins the acceptance window)."""
+        grows none would never learn it (only a tree pass joins the acceptance window). The model drafter only: a
+        plan for the suffix or hybrid drafter without a tree runs gated suffix passes, which copied code makes
+        worth more than the target alone, and a probe there pays the draft's catch-up on the whole conversation
+        (on the 2-core EPYC its probes and the few model passes they brought made the hybrid 0.85-0.94x the
+        suffix drafter alone on code edits, where it had matched it: the model's trees pay about what suffix
+        passes make there)."""
         cfg, plan_ = self.config, self.plan
-        if cfg.explore_every <= 0 or plan_.speculates or plan_.best.drafter == "suffix":
+        if cfg.explore_every <= 0 or plan_.speculates or plan_.best.drafter != "model":
             return None
         ar = plan_.autoregressive_tokens_per_second
         candidates = [p for p in plan_.curve if p.budget >= 2 and p.max_depth >= 2]
@@ -253,6 +259,7 @@ class AdaptiveBudget:
 
     def observe(self, stats: PassStats) -> None:
         """One pass's statistics: a tree pass (tree_size > 0) or a pass of the target alone."""
+        probe, self._probe = self._probe, None  # an exploration probe's pass (None: another)
         if stats.drafter in ("model", "hybrid") and stats.caught_up > 0:  # the draft model ran
             if stats.drafter == "hybrid":  # a conversation's prompt is no debt of the passes: only their tokens
                 self.catch_ups.append(min(stats.caught_up, 2 + self._unseen))
@@ -274,7 +281,6 @@ class AdaptiveBudget:
         if stats.tree_size > stats.budget > 0:  # a confident suffix pass beyond the budget
             return  # (TreeConfig.confident_budget): the acceptance curve and the timing model are per budget
         tree = stats.tree_size > 0
-        probe, self._probe = self._probe, None
         point = probe or self.plan.best  # the shape this pass grew (times are modelled for it)
         if tree:
             predicted = self._expected_accepted(stats.budget, point.max_depth)
