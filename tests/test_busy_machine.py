@@ -200,7 +200,7 @@ def test_without_trees_the_target_alone_still_drives_timing():
 
 
 def test_guard_turns_trees_off_when_the_target_alone_is_measured_faster_and_probes_back():
-    p = policy(guard=GuardConfig(), explore_every=0)  # the guard's own probes (exploration: test_profile_explore.py)
+    p = policy(guard=GuardConfig())
     assert p.plan.speculates
     c = costs()
     # the plan says trees, but on this machine the target alone takes 0.05 s while trees take their planned time

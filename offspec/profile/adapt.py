@@ -19,13 +19,6 @@ instead of the target alone, and the guard weighs the tree against those; where 
 pass weighs them itself instead (`choosing`: the model's tree where the plan expects it to beat the suffix
 candidates that pay alone, those where not), so copied code and the prose around it each get their own kind.
 
-Exploration (the model drafter's plans): a plan without a tree learns no acceptance (only tree passes join the
-window), and the prior curve is an average over calibration prompts: on code the pair accepts more (on a 2-core
-EPYC, the default pair's chain of 2 took 2.77 tokens per pass on code edits where the prior predicts 2.44, and
-ran 1.17x the target alone, while the plan said no tree pays). So where the best tree of at least 2 nodes is
-predicted within `explore_above` of the target alone, one pass in `explore_every` grows it, and the window
-re-plans as usual.
-
 Each pass's tree comes from `next_tree()` when `use_tree()` says so, so PassStats.budget shows the budget
 in force; `summary()` (also kept in `info.extra["budget_adaptive"]`) shows the scales, the observed vs
 predicted acceptance, the guard and the re-plans. When the plan predicts that no tree beats the target
@@ -50,7 +43,7 @@ from ..gain import PassCost
 from ..types import PassStats
 from .curves import AcceptanceCurve
 from .guard import GuardConfig, SpeedGuard
-from .planner import PairCosts, Plan, PlannerConfig, PlanPoint, draft_seconds, plan
+from .planner import PairCosts, Plan, PlannerConfig, draft_seconds, plan
 
 
 @dataclass(frozen=True)
@@ -66,11 +59,6 @@ class AdaptConfig:
     time_tolerance: float = 0.3  # relative change of a time scale (median observed / predicted) worth a re-plan
     min_time_scale: float = 0.1
     max_time_scale: float = 50.0
-    # exploration (see AdaptiveBudget.use_tree): a plan without a tree probes its best tree of >= 2 nodes ...
-    explore_above: float = 0.75  # ... while that tree's predicted speed-up over the target alone is at least this,
-    explore_every: int = 4  # ... one pass in this many, doubling after each `min_passes` probes that did not
-    max_explore_every: int = 256  # ... turn trees on, and after each probe slower than 1 / explore_above its
-    # prediction, up to this (0 for explore_every: never)
 
 
 @dataclass(frozen=True)
@@ -103,10 +91,6 @@ class AdaptiveBudget:
         self.gated_passes = self.gated_trees = self.gated_accepted = 0  # passes, those with a tree, tokens taken
         self._gated_pass = False  # the tree of the pass being observed came from the gate
         self._guard_gated = False  # ... because the guard took it instead of the planned tree (gate_suffix)
-        self._probe: Optional[PlanPoint] = None  # the tree of the pass being observed is an exploration probe
-        self.probes = 0  # exploration probes observed
-        self._explore_every = config.explore_every
-        self._since_probe = 0  # passes since the last probe while exploring
         self.plan: Plan = plan(costs, acceptance, planner)
         self.initial_plan = self.plan
         self.base_tree = self.plan.tree()  # the generator applies this policy while its `tree` is this object
@@ -157,57 +141,20 @@ class AdaptiveBudget:
     def use_tree(self) -> bool:
         """Whether the next pass grows a tree: the plan says so and the measured speeds agree (SpeedGuard).
         Where a re-plan (measured times) turned trees off, a tree is still probed now and then, so that the
-        draft's time gets measured again. Gated suffix passes always propose (the candidates that do not pay are
-        dropped, all of them if need be). Where the plan has no tree but its best one comes close
-        (`exploration_point`), one pass in `explore_every` grows that tree instead: its acceptance joins the
-        window, and an acceptance above the prior's re-plans to trees (each `min_passes` probes that do not,
-        the probes halve their rate)."""
+        draft's time gets measured again; a plan that never had trees (the profile's) is trusted. Gated
+        suffix passes always propose (the candidates that do not pay are dropped, all of them if need be)."""
         self._gated_pass = False  # set again by next_tree(): a pass that never reached observe() leaves nothing behind
         self._guard_gated = False
-        self._probe = self._exploration_due()
-        if self._probe is not None:
-            return True
         if self.gated or self.choosing:
             return True
         if self.guard is None:
             return self.plan.speculates
-        if not self.plan.speculates and (not self.replans or self.exploration_point() is not None):
-            return False  # the profile's plan, or one whose trees exploration probes (not the guard as well)
+        if not self.plan.speculates and not self.replans:
+            return False
         if self.guard.wants_tree(planned=self.plan.speculates):
             return True
         self._guard_gated = self.gate_suffix  # not the planned tree: a gated suffix pass where this drafter can
         return self._guard_gated
-
-    def exploration_point(self) -> Optional[PlanPoint]:
-        """The tree an exploration probe grows: where the plan has no tree, its best shape of at least 2 nodes (one
-        node accepts at most one token: it cannot show an acceptance above the curve's), while that shape's
-        predicted speed-up is at least `explore_above`; else None. The prior acceptance curve is an average over
-        prompts: a pair that accepts more here (code) than there is only seen by growing trees, and a plan that
-        grows none would never learn it (only a tree pass joins the acceptance window). The model drafter only: a
-        plan for the suffix or hybrid drafter without a tree runs gated suffix passes, which copied code makes
-        worth more than the target alone, and a probe there pays the draft's catch-up on the whole conversation
-        (on the 2-core EPYC its probes and the few model passes they brought made the hybrid 0.85-0.94x the
-        suffix drafter alone on code edits, where it had matched it: the model's trees pay about what suffix
-        passes make there)."""
-        cfg, plan_ = self.config, self.plan
-        if cfg.explore_every <= 0 or plan_.speculates or plan_.best.drafter != "model":
-            return None
-        ar = plan_.autoregressive_tokens_per_second
-        candidates = [p for p in plan_.curve if p.budget >= 2 and p.max_depth >= 2]
-        if not candidates or ar <= 0:
-            return None
-        best = max(candidates, key=lambda p: p.tokens_per_second)
-        return best if best.tokens_per_second >= cfg.explore_above * ar else None
-
-    def _exploration_due(self) -> Optional[PlanPoint]:
-        point = self.exploration_point()
-        if point is None:
-            return None
-        self._since_probe += 1
-        if self._since_probe < self._explore_every:
-            return None
-        self._since_probe = 0
-        return point
 
     def pass_cost(self, nodes: int) -> PassCost:
         """The target pass's cost model under the current timing scale, for up to `nodes` tree nodes: the measured
@@ -220,13 +167,7 @@ class AdaptiveBudget:
 
     def next_tree(self, base: TreeConfig) -> TreeConfig:
         """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's.
-        Gated: the suffix drafter alone, up to `confident_budget` candidates, cut to what pays. An exploration
-        probe: the probed shape, as a tree of the planned drafter."""
-        if self._probe is not None:
-            p = self._probe
-            cost = self.pass_cost(max(p.budget, base.confident_budget)) if self.gate_suffix else None
-            return replace(base, budget=p.budget, max_beams=p.max_beams, max_depth=p.max_depth, drafter=p.drafter,
-                           pass_cost=cost, model_expectation=None)
+        Gated: the suffix drafter alone, up to `confident_budget` candidates, cut to what pays."""
         self._gated_pass = self.gated or self._guard_gated
         if self._gated_pass:
             nodes = max(1, min(base.confident_budget or base.budget, self.planner.max_budget))
@@ -253,13 +194,12 @@ class AdaptiveBudget:
         step = costs.draft_step
         return statistics.fmean(max(0.0, step(c) - step(2)) for c in self.catch_ups)
 
-    def _expected_accepted(self, budget: int, depth: Optional[int] = None) -> float:
-        depth = self.plan.best.max_depth if depth is None else depth
+    def _expected_accepted(self, budget: int) -> float:
+        depth = self.plan.best.max_depth
         return min(self.acceptance(budget, depth), float(budget), float(depth))
 
     def observe(self, stats: PassStats) -> None:
         """One pass's statistics: a tree pass (tree_size > 0) or a pass of the target alone."""
-        probe, self._probe = self._probe, None  # an exploration probe's pass (None: another)
         if stats.drafter in ("model", "hybrid") and stats.caught_up > 0:  # the draft model ran
             if stats.drafter == "hybrid":  # a conversation's prompt is no debt of the passes: only their tokens
                 self.catch_ups.append(min(stats.caught_up, 2 + self._unseen))
@@ -281,36 +221,20 @@ class AdaptiveBudget:
         if stats.tree_size > stats.budget > 0:  # a confident suffix pass beyond the budget
             return  # (TreeConfig.confident_budget): the acceptance curve and the timing model are per budget
         tree = stats.tree_size > 0
-        point = probe or self.plan.best  # the shape this pass grew (times are modelled for it)
         if tree:
-            predicted = self._expected_accepted(stats.budget, point.max_depth)
+            predicted = self._expected_accepted(stats.budget)
             self.window.append((stats.accepted, predicted))
             self.passes += 1
             if len(self.window) >= self.config.min_passes and self.passes - self._last_replan >= self.config.min_gap:
                 self._maybe_replan()
         if stats.draft_seconds > 0 or stats.target_seconds > 0:  # zero times: not measured (scripted passes)
-            self._observe_times(stats, tree, point, probe is not None)
-        if probe is not None:
-            self.probes += 1
-            predicted = probe.seconds
-            if stats.caught_up > 2 and self.costs.draft_step is not None:  # the draft caught up on the tokens of
-                # the passes since it last ran (a probe follows passes without the model): that is the probe's
-                # price, not a wrong prediction
-                catch_up = self.costs.draft_step(stats.caught_up) - self.costs.draft_step(2)
-                predicted += catch_up * self.draft_time_scale
-            slow = stats.draft_seconds + stats.target_seconds > predicted / self.config.explore_above  # dearer than
-            # predicted: the timing windows will re-plan; until then, probes come less often (they are cheap only
-            # where the prediction holds)
-            if slow or (self.probes % self.config.min_passes == 0 and not self.plan.speculates):  # or no turn to
-                self._explore_every = min(self.config.max_explore_every, 2 * self._explore_every)  # trees: the prior
+            self._observe_times(stats, tree)
         self._publish()
 
     # -- timing -------------------------------------------------------------------------------
 
-    def _observe_times(self, stats: PassStats, tree: bool, best: PlanPoint, probe: bool = False) -> None:
-        """A timed pass against the cost model of the shape it grew (`best`); an exploration probe (`probe`) is
-        not the guard's business (it weighs the planned tree against the target alone)."""
-        costs = self.costs  # the profile's costs: ratios are against scale 1
+    def _observe_times(self, stats: PassStats, tree: bool) -> None:
+        best, costs = self.plan.best, self.costs  # the profile's costs: ratios are against scale 1
         if tree:
             drafter = best.drafter  # the drafter this policy plans for (suffix: no model step)
             if drafter == "hybrid":  # this pass's own draft: the model's tree grown (or not: a confident copy)
@@ -326,7 +250,7 @@ class AdaptiveBudget:
             # line through its 8- and 64-node steps), it would be taken for a slower draft
             if draft > 0 and (drafter != "suffix" or best.drafter == "suffix") and not beyond:  # the model's time,
                 self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))  # where it ran
-            if self.guard is not None and not probe:
+            if self.guard is not None:
                 expected = 1.0 + min(self._expected_accepted(stats.budget) * self.scale, float(stats.budget))
                 self.guard.observe_tree(stats.draft_seconds + stats.target_seconds, expected)
         else:
@@ -434,8 +358,6 @@ class AdaptiveBudget:
                 "gated_suffix": self.gated or (self.gate_suffix and self.guard is not None and not self.guard.trees_on),
                 "gated": {"passes": self.gated_passes, "with_tree": self.gated_trees, "accepted": self.gated_accepted},
                 "guard": self.guard.summary() if self.guard is not None else None,
-                "explore": {"probes": self.probes, "every": self._explore_every,
-                            "on": self.exploration_point() is not None},
                 "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]]}
 
     def _publish(self) -> None:
