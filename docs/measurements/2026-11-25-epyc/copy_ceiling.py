@@ -6,6 +6,7 @@
   suffix1: the most recent occurrence of the longest matching suffix, its continuation (one chain)
   suffixB: the best occurrence of the longest match (a tree over occurrences, oracle choice)
   resync:  suffixB plus, after a copy broke, the source resumed d = 0..3 tokens further (edit re-alignment)
+  any:     the longest run of the next tokens found anywhere in prompt + output so far (the ceiling of any copy)
 Tokens per pass = accepted + 1 (the target's own token)."""
 import json, sys
 from pathlib import Path
@@ -30,7 +31,7 @@ def run_len(seq, j, out, i):
     while i + k < len(out) and j + k < len(seq) and seq[j + k] == out[i + k]:
         k += 1
     return k
-tot = {"n": 0, "s1": 0, "sB": 0, "rs": 0}
+tot = {"n": 0, "s1": 0, "sB": 0, "rs": 0, "any": 0}
 show = len(sys.argv) > 3
 for r in runs:
     p = enc(prompts[r["prompt"]]); out = r["token_ids"]; seq = p + out
@@ -61,6 +62,13 @@ for r in runs:
             for b in marks:
                 s.append(tok.decode(out[i:i + b + 1]).replace("\n", "\\n")); i += b + 1
             print("|".join(s))
-    tot["n"] += len(out); tot["s1"] += res["s1"]; tot["sB"] += res["sB"]; tot["rs"] += res["rs"]
+    i = passes = 0
+    while i < len(out):
+        ctx = seq[: len(p) + i]
+        i += max([run_len(seq, j, out, i) for j in range(len(ctx)) if ctx[j] == out[i]] + [0]) + 1; passes += 1
+    res["any"] = passes
+    tot["n"] += len(out)
+    for k in ("s1", "sB", "rs", "any"):
+        tot[k] += res[k]
     print(r["prompt"], len(out), " ".join(f"{k} {len(out)/v:.2f}" for k, v in res.items()))
-print("total", " ".join(f"{k} {tot['n']/tot[k]:.2f}" for k in ("s1", "sB", "rs")))
+print("total", " ".join(f"{k} {tot['n']/tot[k]:.2f}" for k in ("s1", "sB", "rs", "any")))
