@@ -205,16 +205,15 @@ def test_a_prompts_catch_up_past_the_timed_draft_steps_is_not_taken_for_a_slower
 
     def run(caught_up: int) -> AdaptiveBudget:
         policy = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8)), AdaptConfig(), guard=None)
-        for i in range(20):
+        for _ in range(20):
             best = policy.plan.best  # (an acceptance re-plan may change it)
             tree = policy.next_tree(TreeConfig())
-            lag = caught_up  # every pass: a new conversation (or a long lag)
             modelled = draft_seconds(costs, acceptance, tree.budget, best.max_beams, best.max_depth, "model")
-            modelled += costs.draft_step(lag) - costs.draft_step(2)
+            modelled += costs.draft_step(caught_up) - costs.draft_step(2)  # every pass: a new conversation
             draft = modelled * 3.0  # the catch-ups take 3x their modelled time
             policy.observe(PassStats(tree_size=tree.budget, accepted=1, emitted=2, budget=tree.budget,
                                      draft_seconds=draft, target_seconds=costs.target_pass(tree.budget + 1),
-                                     drafter="model", caught_up=lag))
+                                     drafter="model", caught_up=caught_up))
         return policy
 
     assert run(150).draft_time_scale == 1.0  # past the 8 nodes timed: not counted
