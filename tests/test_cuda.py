@@ -245,3 +245,27 @@ def test_cuda_1_is_honoured_everywhere(pair, tmp_path):
     assert gen.info.device == "cuda:1" and gen.engine.target.device == torch.device("cuda", 1)
     gen.generate("Hello", max_new_tokens=8)
     assert torch.cuda.memory_reserved(0) == before  # nothing allocated on GPU 0
+
+
+def test_quick_profile_on_the_gpu_with_a_streamed_target(pair, tmp_path, monkeypatch):
+    """`offspec profile --quick` end to end on the GPU (every drafter's acceptance, the plan), the target streamed
+    from pinned RAM: its trees live on the GPU, which the CPU runs of the same command never exercise."""
+    from offspec.profile.cli import profile_main
+    from offspec.profile.store import load_profile
+
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))
+    common = ["--target", str(pair[0]), "--draft", str(pair[1]), "--device", str(GPU), "--dtype", "float32",
+              "--max-context", "256", "--max-budget", "64", "--offload-dir", str(tmp_path / "offload")]
+    with pytest.raises(OffspecError) as info:
+        offspec.load(str(pair[0]), str(pair[1]), device=str(GPU), dtype="float32", max_context=256,
+                     max_budget=64, device_mem="1KB", offload_dir=str(tmp_path / "offload"))
+    budget = re.search(r"--device-mem (\S+)", str(info.value))[1]
+    rc = profile_main(common + ["--device-mem", budget, "--quick", "--prompts", "2",
+                                "--passes", "2", "--out", str(tmp_path / "gpu.json")])
+    assert rc == 0
+    data = load_profile(tmp_path / "gpu.json")
+    assert data["hardware"]["device_type"] == "cuda"
+    assert all(seconds > 0 for _, seconds in data["timings"]["target_pass"])
+    for key in ("acceptance", "acceptance_suffix", "acceptance_hybrid"):
+        assert data[key]["budgets"][0] == 1, key
+    assert data["plan"]["predicted_tokens_per_second"] > 0

@@ -83,6 +83,7 @@ def _ranks(scores: torch.Tensor) -> list[int]:
 
     The same order as `DraftTree.trim`: higher score first, older node first on ties.
     """
+    scores = scores.cpu()  # sync: the ranks are read on the host (a GPU tree's scores live on the GPU)
     order = torch.sort(scores[1:], descending=True, stable=True).indices + 1  # (n-1,)
     ranks = torch.empty_like(scores, dtype=torch.long)  # (n,)
     ranks[order] = torch.arange(order.numel())
