@@ -4,6 +4,10 @@
 blocks stand for, with the arithmetic of the gguf package's reference decoder (gguf/quants.py), so the values
 are bitwise equal to it. CUDA uses this before its matrix multiply; on a CPU it is the fallback when the
 compiled kernels (kernels.py) are unavailable, and a second reference in the tests.
+
+On a GPU each decode is a few dozen small kernels queued behind the previous layer's work. None of them may wait
+for the GPU: the shift and bit-index constants are made once per device (`_const`), never copied from host data
+per call (a copy from pageable host memory waits for every kernel queued before it, about 200 times a pass).
 """
 
 from __future__ import annotations
@@ -13,13 +17,31 @@ import torch
 from .ggml import KERNEL_TYPES
 
 
+_CONSTANTS: dict[tuple, torch.Tensor] = {}  # (values, shape, dtype, device) -> a small constant tensor
+
+
+def _const(values: tuple[int, ...], like: torch.Tensor, shape: tuple[int, ...],
+           dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """A small constant on like's device, made once per device (decoding itself never copies from the host)."""
+    key = (values, shape, dtype, like.device)
+    found = _CONSTANTS.get(key)
+    if found is None:
+        found = _CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=like.device).reshape(shape)
+    return found
+
+
 def _half(b: torch.Tensor) -> torch.Tensor:
-    """(..., 2) uint8 -> (..., 1) float32 from little-endian float16."""
+    """(..., 2k) uint8 -> (..., k) float32 from little-endian float16s (k = 1: a block's d; 2: d and dmin)."""
     return b.contiguous().view(torch.float16).float()
 
 
 def _shifts(values: tuple[int, ...], like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.uint8, device=like.device).reshape(shape)
+    return _const(values, like, shape)
+
+
+def _bit_index(like: torch.Tensor, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """0 .. n-1 as a constant of `shape` (bit positions)."""
+    return _const(tuple(range(n)), like, shape, dtype)
 
 
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:
@@ -31,7 +53,7 @@ def _bits32(b: torch.Tensor) -> torch.Tensor:
     """(..., 4) bytes of a little-endian uint32 -> (..., 32) bits as uint8."""
     word = b.to(torch.int64)
     word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24  # (...,)
-    return ((word[..., None] >> torch.arange(32, device=b.device)) & 1).to(torch.uint8)
+    return ((word[..., None] >> _bit_index(b, 32, (32,), torch.int64)) & 1).to(torch.uint8)
 
 
 def _q4_0(blk):
@@ -40,7 +62,8 @@ def _q4_0(blk):
 
 
 def _q4_1(blk):
-    d, m = _half(blk[..., 0:2]), _half(blk[..., 2:4])
+    dm = _half(blk[..., 0:4])  # (..., 2): d and m, one copy for both
+    d, m = dm[..., 0:1], dm[..., 1:2]
     return d * _nibbles(blk[..., 4:20]).float() + m
 
 
@@ -51,7 +74,8 @@ def _q5_0(blk):
 
 
 def _q5_1(blk):
-    d, m = _half(blk[..., 0:2]), _half(blk[..., 2:4])
+    dm = _half(blk[..., 0:4])  # (..., 2): d and m, one copy for both
+    d, m = dm[..., 0:1], dm[..., 1:2]
     q = _nibbles(blk[..., 8:24]) | (_bits32(blk[..., 4:8]) << 4)
     return d * q.float() + m
 
@@ -63,7 +87,8 @@ def _q8_0(blk):
 def _q2_k(blk):
     lead = blk.shape[:-1]
     scales, qs = blk[..., 0:16], blk[..., 16:80]
-    d, dmin = _half(blk[..., 80:82])[..., None], _half(blk[..., 82:84])[..., None]  # (..., 1, 1)
+    dd = _half(blk[..., 80:84])[..., None]  # (..., 2, 1): d and dmin
+    d, dmin = dd[..., 0:1, :], dd[..., 1:2, :]  # (..., 1, 1)
     dl = d * (scales & 0x0F).float()[..., None]  # (..., 16, 1)
     ml = dmin * (scales >> 4).float()[..., None]
     q = (qs.reshape(*lead, 2, 1, 32) >> _shifts((0, 2, 4, 6), blk, (4, 1))) & 3  # (..., 2, 4, 32)
@@ -79,7 +104,7 @@ def _q3_k(blk):
     scales = ((low & 0x0F) | ((high & 0x03) << 4)).to(torch.int8) - 32
     dl = d * scales.float()[..., None]  # (..., 16, 1)
     ql = ((qs.reshape(*lead, 2, 1, 32) >> _shifts((0, 2, 4, 6), blk, (4, 1))) & 3).reshape(*lead, 16, 16)
-    bit = torch.arange(8, dtype=torch.uint8, device=blk.device).reshape(8, 1)
+    bit = _bit_index(blk, 8, (8, 1), torch.uint8)
     qh = ((hmask.reshape(*lead, 1, 32) >> bit) & 1).reshape(*lead, 16, 16) ^ 1
     q = ql.to(torch.int8) - (qh << 2).to(torch.int8)
     return (dl * q.float()).reshape(*lead, 256)
@@ -95,13 +120,14 @@ def _k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _q45_k(blk, five: bool):
     lead = blk.shape[:-1]
-    d, dmin = _half(blk[..., 0:2])[..., None], _half(blk[..., 2:4])[..., None]  # (..., 1, 1)
+    dd = _half(blk[..., 0:4])[..., None]  # (..., 2, 1): d and dmin, one copy for both
+    d, dmin = dd[..., 0:1, :], dd[..., 1:2, :]  # (..., 1, 1)
     sc, mn = _k_scale_min(blk[..., 4:16])
     ds, dm = d * sc.float()[..., None], dmin * mn.float()[..., None]  # (..., 8, 1)
     qs = blk[..., 48:176] if five else blk[..., 16:144]
     q = ((qs.reshape(*lead, 4, 1, 32) >> _shifts((0, 4), blk, (2, 1))) & 0x0F).reshape(*lead, 8, 32)
     if five:
-        bit = torch.arange(8, dtype=torch.uint8, device=blk.device).reshape(8, 1)
+        bit = _bit_index(blk, 8, (8, 1), torch.uint8)
         q = q | (((blk[..., 16:48].reshape(*lead, 1, 32) >> bit) & 1) << 4)
     return (ds * q.float() - dm).reshape(*lead, 256)
 

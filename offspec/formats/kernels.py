@@ -207,6 +207,9 @@ def _decoded_linear(x2d: torch.Tensor, qweight: torch.Tensor, type_id: int, cols
     DECODE_CHUNK_BYTES of float32 plus the decoder's own intermediates, even for an LM head)."""
     rows = qweight.shape[0]
     band = max(1, DECODE_CHUNK_BYTES // (4 * cols))
+    if band >= rows:  # one band (every linear of a layer, in practice): no output buffer to copy into
+        y = x2d @ torch_dequantize(qweight, type_id, cols).to(x2d.dtype).t()  # (M, rows)
+        return y + bias.to(y.dtype) if bias is not None else y
     y = x2d.new_empty((x2d.shape[0], rows))  # (M, rows)
     for r0 in range(0, rows, band):
         w = torch_dequantize(qweight[r0:r0 + band], type_id, cols).to(x2d.dtype)  # (band, cols)
