@@ -269,3 +269,48 @@ def test_quick_profile_on_the_gpu_with_a_streamed_target(pair, tmp_path, monkeyp
     for key in ("acceptance", "acceptance_suffix", "acceptance_hybrid"):
         assert data[key]["budgets"][0] == 1, key
     assert data["plan"]["predicted_tokens_per_second"] > 0
+
+
+# --- the fused kernels (OFFSPEC_CUDA_KERNELS=triton; experimental) -------------------------------------------
+needs_triton = pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None,
+                                  reason="needs Triton (pip install triton)")
+
+
+@needs_triton
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_the_fused_kernels_agree_with_the_torch_path(type_name):
+    import numpy as np
+    from tiny_gguf import random_blocks
+
+    from offspec.formats import gpu_kernels, kernels
+    from offspec.formats.dequant import dequantize
+    from offspec.formats.ggml import ggml_type
+
+    rng = np.random.default_rng(1)
+    rows, cols, tid = 300, 1024, ggml_type(type_name).id
+    raw = torch.from_numpy(random_blocks(rng, type_name, rows, cols)).to(GPU)
+    exact = dequantize(raw.cpu(), tid, cols).double()  # (rows, cols)
+    for m in (1, 5, 40):
+        x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32)).to(GPU)
+        got = gpu_kernels.linear(x, raw, tid, cols).cpu().double()  # float32: IEEE products
+        torch.testing.assert_close(got, x.cpu().double() @ exact.T, rtol=1e-5, atol=1e-4)
+        xb = x.bfloat16()
+        fused = gpu_kernels.linear(xb, raw, tid, cols).float()
+        decoded = kernels._decoded_linear(xb, raw, tid, cols, None).float()
+        assert float((fused - decoded).abs().max()) <= 0.02 * float(decoded.abs().max()), (type_name, m)
+        one_row = gpu_kernels.linear(xb[:1], raw, tid, cols)
+        assert torch.equal(one_row, gpu_kernels.linear(xb, raw, tid, cols)[:1])  # rows do not depend on the batch
+
+
+@needs_triton
+def test_speculation_with_the_fused_kernels_is_lossless(tmp_path, monkeypatch):
+    from tiny_gguf import save_tiny_gguf
+
+    target = save_tiny_gguf(tmp_path / "t.gguf", "qwen2", seed=0, layers=4)
+    draft = save_tiny_gguf(tmp_path / "d.gguf", "qwen2", seed=0, layers=4, noise=0.002)
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OFFSPEC_CUDA_KERNELS", "triton")
+    gen = offspec.load(str(target), str(draft), device=str(GPU), dtype="float32", max_context=256, max_budget=64)
+    plain = gen.generate("Hello there", max_new_tokens=40, speculate=False)
+    for budget in (1, 8, 64):
+        assert gen.generate("Hello there", max_new_tokens=40, budget=budget).token_ids == plain.token_ids

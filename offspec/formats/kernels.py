@@ -4,8 +4,9 @@
   built once per machine with torch.utils.cpp_extension into the cache dir (about a minute; progress is shown).
   Their results are row invariant: a one-token pass and a tree pass give bitwise identical rows.
 - CUDA, and a CPU where the kernels cannot be built (no C++ compiler): the blocks are decoded with torch
-  (dequant.py) into the compute dtype, then a plain matrix multiply. On a CPU this fallback is much slower and
-  is announced, never silent; `OFFSPEC_KERNELS=torch` forces it (tests).
+  (dequant.py) into the compute dtype, then a plain matrix multiply; on CUDA, `OFFSPEC_CUDA_KERNELS=triton` picks
+  the fused Triton kernels of gpu_kernels.py for Q4_K and Q6_K instead (experimental). On a CPU this fallback is
+  much slower and is announced, never silent; `OFFSPEC_KERNELS=torch` forces it (tests).
 """
 
 from __future__ import annotations
@@ -191,7 +192,12 @@ def linear(x: torch.Tensor, qweight: torch.Tensor, type_id: int, cols: int,
                 y += bias
             return y.reshape(*lead, rows).to(x.dtype)
         return _decoded_linear(x2d.float(), qweight, type_id, cols, bias).reshape(*lead, rows).to(x.dtype)
-    # CUDA: decode into the compute dtype, then the GPU's GEMM
+    # CUDA: a fused Triton kernel where OFFSPEC_CUDA_KERNELS=triton asks for one (gpu_kernels: experimental), else
+    # decode into the compute dtype, then the GPU's GEMM
+    from . import gpu_kernels  # imported here: a CPU never loads Triton
+
+    if gpu_kernels.wanted() and gpu_kernels.handles(type_id):
+        return gpu_kernels.linear(x2d, qweight, type_id, cols, bias).reshape(*lead, rows)
     return _decoded_linear(x2d, qweight, type_id, cols, bias).reshape(*lead, rows)
 
 

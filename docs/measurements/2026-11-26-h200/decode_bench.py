@@ -1,5 +1,6 @@
 """What one layer's linears cost on the GPU through the torch decode path (kernels._decoded_linear), before and
-after the 2026-11-26 change (no host copy per decode), beside plain matmuls on pre-decoded bf16 weights (the floor
+after the 2026-11-26 change (no host copy per decode), the fused Triton kernels (gpu_kernels.py, where Triton is
+installed: Q4_K and Q6_K), beside plain matmuls on pre-decoded bf16 weights (the floor
 a fused kernel would approach), on the shapes and ggml types of the default target (Qwen2.5-Coder-1.5B Q4_K_M).
 Also checks that the GPU decode is bitwise the CPU decode for every type.
 
@@ -18,7 +19,7 @@ import torch
 sys.path[:0] = [".", "tests"]  # run from the repo root
 from tiny_gguf import random_blocks  # noqa: E402
 
-from offspec.formats import kernels  # noqa: E402
+from offspec.formats import gpu_kernels, kernels  # noqa: E402
 from offspec.formats.dequant import dequantize as new_decode  # noqa: E402
 from offspec.formats.ggml import KERNEL_NAMES, ggml_type  # noqa: E402
 
@@ -42,6 +43,10 @@ def old_linear(x, raw, tid, cols):
         w = before.dequantize(raw[r0:r0 + band], tid, cols).to(x.dtype)
         y[:, r0:r0 + band] = x @ w.t()
     return y
+
+
+def _rel(got, want):
+    return float((got.float() - want).abs().max()) / float(want.abs().max())
 
 
 def timed(fn, repeats=20):
@@ -78,7 +83,9 @@ def main():
     nbytes = sum(w[0].numel() for w in weights)
     print(f"{DEV} {torch.cuda.get_device_name() if DEV.type == 'cuda' else ''}; one layer: "
           f"{nbytes / 1e6:.1f} MB of blocks; x: {DTYPE}")
-    print("tokens  before ms/layer  after ms/layer  bf16 matmuls ms/layer  speed-up")
+    fused = gpu_kernels.triton is not None and DEV.type == "cuda"
+    print("tokens  before ms/layer  after ms/layer  bf16 matmuls ms/layer  speed-up"
+          + ("  fused ms/layer  fused max rel diff" if fused else ""))
     for m in (1, 16, 64, 256):
         x = torch.randn(m, 8960, device=DEV, dtype=DTYPE)
 
@@ -90,8 +97,13 @@ def main():
         plain = timed(lambda: [x[:, :cols] @ w.t() for _, _, cols, w in weights])
         same = all(torch.equal(old_linear(x[:, :c], r, t, c), kernels._decoded_linear(x[:, :c], r, t, c, None))
                    for r, t, c, _ in weights)
-        print(f"{m:6d}  {old * 1e3:15.2f}  {new * 1e3:14.2f}  {plain * 1e3:21.3f}  {old / new:7.2f}x"
-              f"{'' if same else '  OUTPUTS DIFFER'}")
+        line = f"{m:6d}  {old * 1e3:15.2f}  {new * 1e3:14.2f}  {plain * 1e3:21.3f}  {old / new:7.2f}x"
+        if fused:
+            t = timed(run(gpu_kernels.linear))
+            diff = max(_rel(gpu_kernels.linear(x[:, :c], r, i, c), x[:, :c].float() @ w.float().t())
+                       for r, i, c, w in weights)
+            line += f"  {t * 1e3:14.3f}  {diff:18.2e}"
+        print(line + ("" if same else "  OUTPUTS DIFFER"))
 
 
 if __name__ == "__main__":
