@@ -277,7 +277,7 @@ needs_triton = pytest.mark.skipif(__import__("importlib").util.find_spec("triton
 
 
 @needs_triton
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
 def test_the_fused_kernels_agree_with_the_torch_path(type_name):
     import numpy as np
     from tiny_gguf import random_blocks

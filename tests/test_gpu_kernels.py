@@ -29,7 +29,7 @@ from offspec.formats.dequant import dequantize
 from offspec.formats.ggml import ggml_type
 rng = np.random.default_rng(0)
 out = []
-for name in ("Q4_K", "Q6_K"):
+for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0"):
     rows, cols = 70, 512  # 70: one full tile of 64 weight rows and a partial one
     raw = torch.from_numpy(random_blocks(rng, name, rows, cols))
     tid = ggml_type(name).id
@@ -53,7 +53,7 @@ def test_the_fused_kernels_compute_the_exact_products_in_triton_s_interpreter():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 8
+    assert len(results) == 16
     for r in results:
         assert r["shape"] == [r["m"], 70] and r["dtype"] == "torch.float32", r
         assert r["f32_rel"] < 1e-6, r  # float32 products of the exact values

@@ -1,7 +1,7 @@
 """Fused ggml-block matrix multiplies for CUDA, in Triton: the blocks are decoded in registers, tile by tile, and
 multiplied at once, so a weight costs one kernel instead of the ~25 small kernels (and float32 copies of the whole
-weight) of the torch decode path (dequant.py). Q4_K and Q6_K, the types of a Q4_K_M file's linears; other types
-keep the torch path.
+weight) of the torch decode path (dequant.py). Q4_K, Q6_K, Q5_0 and Q8_0: the types of the default pair's linears
+(Q4_K_M files); other types keep the torch path.
 
 Experimental: off unless `OFFSPEC_CUDA_KERNELS=triton`. The arithmetic is checked on a CPU through Triton's
 interpreter (tests/test_gpu_kernels.py); speed and the compiled code have not yet run on a GPU
@@ -125,7 +125,43 @@ if triton is not None:
         tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=mmask[:, None] & nmask[None, :])
 
-    _SOURCES = {"Q4_K": _q4_k_matmul, "Q6_K": _q6_k_matmul}
+    @triton.jit
+    def _q32_matmul(x_ptr, w_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym,
+                    BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr, FIVE: tl.constexpr):
+        """The same for blocks of 32 values: Q8_0 (d fp16, 32 int8; value = q * d) and, FIVE, Q5_0 (d fp16, 4 bytes
+        of fifth bits, 16 bytes of nibbles: low nibbles are values 0-15, high 16-31; value = d * (q - 16))."""
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)  # (BM,)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)  # (BN,)
+        mmask, nmask = rm < M, rn < N
+        c32 = tl.arange(0, 32)  # (32,)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN)
+        row = w_ptr + rn.to(tl.int64) * row_bytes  # (BN,)
+        for kb in range(0, K // 32):
+            if FIVE:
+                blk = row + kb * 22  # (BN,)
+                d = _half(blk, nmask)  # (BN,)
+                qh = tl.load(blk + 2, mask=nmask, other=0).to(tl.uint32)
+                qh = qh | (tl.load(blk + 3, mask=nmask, other=0).to(tl.uint32) << 8)
+                qh = qh | (tl.load(blk + 4, mask=nmask, other=0).to(tl.uint32) << 16)
+                qh = qh | (tl.load(blk + 5, mask=nmask, other=0).to(tl.uint32) << 24)  # (BN,) bit i: value i
+                nib = tl.load(blk[:, None] + 6 + (c32 % 16)[None, :], mask=nmask[:, None], other=0)  # (BN, 32)
+                q = ((nib >> (4 * (c32 // 16)).to(tl.uint8)[None, :]) & 15).to(tl.uint32)
+                q = q | (((qh[:, None] >> c32.to(tl.uint32)[None, :]) & 1) << 4)  # (BN, 32) 0..31
+                w = d[:, None] * (q.to(tl.int32) - 16).to(tl.float32)  # (BN, 32)
+            else:
+                blk = row + kb * 34  # (BN,)
+                d = _half(blk, nmask)  # (BN,)
+                q = tl.load(blk[:, None] + 2 + c32[None, :], mask=nmask[:, None], other=0).to(tl.int8, bitcast=True)
+                w = q.to(tl.float32) * d[:, None]  # (BN, 32)
+            xt = tl.load(x_ptr + rm[:, None] * stride_xm + (kb * 32 + c32)[None, :], mask=mmask[:, None], other=0.0)
+            if IEEE:
+                acc += tl.dot(xt, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(xt, tl.trans(w.to(xt.dtype)))
+        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=mmask[:, None] & nmask[None, :])
+
+    _SOURCES = {"Q4_K": _q4_k_matmul, "Q6_K": _q6_k_matmul, "Q8_0": _q32_matmul, "Q5_0": _q32_matmul}
 else:
     _SOURCES = {}
 
@@ -144,7 +180,8 @@ def linear(x2d: torch.Tensor, qweight: torch.Tensor, type_id: int, cols: int,
     if x2d.shape[0] == 0:
         return y
     grid = (triton.cdiv(x2d.shape[0], BM), triton.cdiv(rows, BN))
-    _SOURCES[KERNEL_TYPES[type_id].name][grid](
-        x2d, qweight, y, x2d.shape[0], rows, cols, qweight.shape[1], x2d.stride(0), y.stride(0), BM=BM, BN=BN,
-        IEEE=x2d.dtype == torch.float32)
+    name = KERNEL_TYPES[type_id].name
+    extra = {"FIVE": name == "Q5_0"} if name in ("Q5_0", "Q8_0") else {}
+    _SOURCES[name][grid](x2d, qweight, y, x2d.shape[0], rows, cols, qweight.shape[1], x2d.stride(0), y.stride(0),
+                         BM=BM, BN=BN, IEEE=x2d.dtype == torch.float32, **extra)
     return y + bias.to(y.dtype) if bias is not None else y

@@ -32,6 +32,9 @@ DTYPE = torch.bfloat16 if DEV.type == "cuda" else torch.float32
 # one layer of the 1.5B target: (name, rows, cols, type)
 LAYER = [("q", 1536, 1536, "Q4_K"), ("k", 256, 1536, "Q4_K"), ("v", 256, 1536, "Q6_K"), ("o", 1536, 1536, "Q4_K"),
          ("gate", 8960, 1536, "Q4_K"), ("up", 8960, 1536, "Q4_K"), ("down", 1536, 8960, "Q6_K")]
+# one layer of the 0.5B draft (Qwen2.5-Coder-0.5B Q4_K_M: 896 columns are not whole K-quant blocks)
+DRAFT_LAYER = [("q", 896, 896, "Q5_0"), ("k", 128, 896, "Q5_0"), ("v", 128, 896, "Q8_0"), ("o", 896, 896, "Q5_0"),
+               ("gate", 4864, 896, "Q5_0"), ("up", 4864, 896, "Q5_0"), ("down", 896, 4864, "Q6_K")]
 
 
 def old_linear(x, raw, tid, cols):
@@ -76,12 +79,17 @@ def main():
             bad.append(name)
     print(f"GPU decode bitwise = CPU decode for {len(KERNEL_NAMES) - len(bad)}/{len(KERNEL_NAMES)} types"
           + (f"; DIFFER: {bad}" if bad else ""))
+    for label, layer in (("target", LAYER), ("draft", DRAFT_LAYER)):
+        measure(label, layer, rng)
+
+
+def measure(label, layer, rng):
     weights = []
-    for _, rows, cols, t in LAYER:
+    for _, rows, cols, t in layer:
         raw = torch.from_numpy(random_blocks(rng, t, rows, cols)).to(DEV)
         weights.append((raw, ggml_type(t).id, cols, new_decode(raw, ggml_type(t).id, cols).to(DTYPE)))
     nbytes = sum(w[0].numel() for w in weights)
-    print(f"{DEV} {torch.cuda.get_device_name() if DEV.type == 'cuda' else ''}; one layer: "
+    print(f"\n{DEV} {torch.cuda.get_device_name() if DEV.type == 'cuda' else ''}; one {label} layer: "
           f"{nbytes / 1e6:.1f} MB of blocks; x: {DTYPE}")
     fused = gpu_kernels.triton is not None and DEV.type == "cuda"
     print("tokens  before ms/layer  after ms/layer  bf16 matmuls ms/layer  speed-up"
