@@ -56,14 +56,37 @@ if triton is not None:
         return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit
+    def _tiles(M, N, BM: tl.constexpr, BN: tl.constexpr):
+        """This program's activation rows (BM,) and weight rows (BN,), with their in-range masks."""
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)  # (BM,)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)  # (BN,)
+        return rm, rn, rm < M, rn < N
+
+    @triton.jit
+    def _accumulate(acc, x_ptr, rm, mmask, stride_xm, k0, w, IEEE: tl.constexpr):
+        """acc (BM, BN) + x[rm, k0:k0 + 32] @ w^T, w (BN, 32) the decoded float32 values: rounded to the
+        activations' dtype for the tensor cores, or (IEEE: float32 activations) multiplied in float32 as torch
+        does (no TF32)."""
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, 32))[None, :], mask=mmask[:, None],
+                     other=0.0)  # (BM, 32)
+        if IEEE:
+            acc += tl.dot(xt, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(xt, tl.trans(w.to(xt.dtype)))
+        return acc
+
+    @triton.jit
+    def _store(y_ptr, acc, rm, rn, mmask, nmask, stride_ym):
+        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=mmask[:, None] & nmask[None, :])
+
+    @triton.jit
     def _q4_k_matmul(x_ptr, w_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym,
                      BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr):
         """y (M, N) = x (M, K) @ W^T, W (N, K / 256 * 144) Q4_K blocks: per 256 values d, dmin (fp16), 12 bytes of
         six-bit scales and minimums for 8 sub-blocks of 32, 128 bytes of nibbles (sub-blocks 2i, 2i+1 share 32
         bytes: low nibbles, then high)."""
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)  # (BM,)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)  # (BN,)
-        mmask, nmask = rm < M, rn < N
+        rm, rn, mmask, nmask = _tiles(M, N, BM, BN)
         c32 = tl.arange(0, 32)  # (32,)
         acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN)
         row = w_ptr + rn.to(tl.int64) * row_bytes  # (BN,) each weight row's first block
@@ -84,23 +107,15 @@ if triton is not None:
                 q = tl.load(blk[:, None] + 16 + 32 * (j // 2) + c32[None, :], mask=nmask[:, None], other=0)
                 q = (q >> (4 * (j % 2))) & 15  # (BN, 32)
                 w = ds[:, None] * q.to(tl.float32) - dm[:, None]  # (BN, 32) as dequant.py computes it
-                xt = tl.load(x_ptr + rm[:, None] * stride_xm + (kb * 256 + j * 32 + c32)[None, :],
-                             mask=mmask[:, None], other=0.0)  # (BM, 32)
-                if IEEE:  # float32 activations: a float32 product, as torch computes it (no TF32)
-                    acc += tl.dot(xt, tl.trans(w), input_precision="ieee")
-                else:
-                    acc += tl.dot(xt, tl.trans(w.to(xt.dtype)))
-        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=mmask[:, None] & nmask[None, :])
+                acc = _accumulate(acc, x_ptr, rm, mmask, stride_xm, kb * 256 + j * 32, w, IEEE)
+        _store(y_ptr, acc, rm, rn, mmask, nmask, stride_ym)
 
     @triton.jit
     def _q6_k_matmul(x_ptr, w_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym,
                      BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr):
         """The same for Q6_K: per 256 values 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (one
         per 16 values), d (fp16); value = d * scale * (q - 32)."""
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)  # (BM,)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)  # (BN,)
-        mmask, nmask = rm < M, rn < N
+        rm, rn, mmask, nmask = _tiles(M, N, BM, BN)
         c32 = tl.arange(0, 32)  # (32,)
         acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN)
         row = w_ptr + rn.to(tl.int64) * row_bytes  # (BN,)
@@ -116,23 +131,15 @@ if triton is not None:
                 s1 = tl.load(blk + 193 + 2 * c, mask=nmask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
                 scale = tl.where(c32[None, :] < 16, (d * s0)[:, None], (d * s1)[:, None])  # (BN, 32)
                 w = scale * (q.to(tl.int32) - 32).to(tl.float32)  # (BN, 32)
-                xt = tl.load(x_ptr + rm[:, None] * stride_xm + (kb * 256 + c * 32 + c32)[None, :],
-                             mask=mmask[:, None], other=0.0)  # (BM, 32)
-                if IEEE:  # float32 activations: a float32 product, as torch computes it (no TF32)
-                    acc += tl.dot(xt, tl.trans(w), input_precision="ieee")
-                else:
-                    acc += tl.dot(xt, tl.trans(w.to(xt.dtype)))
-        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=mmask[:, None] & nmask[None, :])
+                acc = _accumulate(acc, x_ptr, rm, mmask, stride_xm, kb * 256 + c * 32, w, IEEE)
+        _store(y_ptr, acc, rm, rn, mmask, nmask, stride_ym)
 
     @triton.jit
     def _q32_matmul(x_ptr, w_ptr, y_ptr, M, N, K, row_bytes, stride_xm, stride_ym,
                     BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr, FIVE: tl.constexpr):
         """The same for blocks of 32 values: Q8_0 (d fp16, 32 int8; value = q * d) and, FIVE, Q5_0 (d fp16, 4 bytes
         of fifth bits, 16 bytes of nibbles: low nibbles are values 0-15, high 16-31; value = d * (q - 16))."""
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)  # (BM,)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)  # (BN,)
-        mmask, nmask = rm < M, rn < N
+        rm, rn, mmask, nmask = _tiles(M, N, BM, BN)
         c32 = tl.arange(0, 32)  # (32,)
         acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN)
         row = w_ptr + rn.to(tl.int64) * row_bytes  # (BN,)
@@ -153,13 +160,8 @@ if triton is not None:
                 d = _half(blk, nmask)  # (BN,)
                 q = tl.load(blk[:, None] + 2 + c32[None, :], mask=nmask[:, None], other=0).to(tl.int8, bitcast=True)
                 w = q.to(tl.float32) * d[:, None]  # (BN, 32)
-            xt = tl.load(x_ptr + rm[:, None] * stride_xm + (kb * 32 + c32)[None, :], mask=mmask[:, None], other=0.0)
-            if IEEE:
-                acc += tl.dot(xt, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(xt, tl.trans(w.to(xt.dtype)))
-        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=mmask[:, None] & nmask[None, :])
+            acc = _accumulate(acc, x_ptr, rm, mmask, stride_xm, kb * 32, w, IEEE)
+        _store(y_ptr, acc, rm, rn, mmask, nmask, stride_ym)
 
     _SOURCES = {"Q4_K": _q4_k_matmul, "Q6_K": _q6_k_matmul, "Q8_0": _q32_matmul, "Q5_0": _q32_matmul}
 else:
