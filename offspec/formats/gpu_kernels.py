@@ -5,9 +5,11 @@ weight) of the torch decode path (dequant.py). Q4_K, Q6_K, Q5_0 and Q8_0: the ty
 
 Experimental: off unless `OFFSPEC_CUDA_KERNELS=triton`. The arithmetic is checked on a CPU through Triton's
 interpreter (tests/test_gpu_kernels.py); speed and the compiled code have not yet run on a GPU
-(docs/measurements/2026-11-26-h200/decode_bench.py measures them). Each weight's values are decoded exactly as
-dequant.py decodes them (float32, the same order of operations), then rounded to the activations' dtype for the
-tensor-core product, as the torch path rounds them; the sums' order differs from cuBLAS's.
+(docs/measurements/2026-11-26-h200/decode_bench.py measures them). Each weight's values are decoded with
+dequant.py's formulas in float32 (the GPU compiler may fuse a multiply and a subtract, so a value can differ from
+dequant.py's in its last bit), then rounded to the activations' dtype for the tensor-core product, as the torch
+path rounds them; the sums' order differs from cuBLAS's. A row's result does not depend on the other rows of the
+batch (fixed tiles), so a one-token pass and a tree pass agree on it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ BM, BN = 16, 64  # the output tile: activation rows x weight rows (tl.dot needs 
 try:
     import triton
     import triton.language as tl
-except ImportError:  # no Triton: the torch path (enabled() says so)
+except ImportError:  # no Triton: the torch path (wanted() says so where it is asked for)
     triton = None
 
 
@@ -167,6 +169,7 @@ if triton is not None:
 else:
     _SOURCES = {}
 
+
 def handles(type_id: int) -> bool:
     """Whether a fused kernel exists for this ggml type (and Triton is installed)."""
     return KERNEL_TYPES[type_id].name in _SOURCES
@@ -176,7 +179,7 @@ def linear(x2d: torch.Tensor, qweight: torch.Tensor, type_id: int, cols: int,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x2d (M, cols) @ W^T (+ bias), W (rows, row_bytes) ggml blocks -> (M, rows) in x2d's dtype. On CUDA
     tensors; on CPU tensors where Triton was imported with TRITON_INTERPRET=1 (its interpreter: the tests)."""
-    x2d = x2d.contiguous()
+    x2d, qweight = x2d.contiguous(), qweight.contiguous()  # rows of x and of blocks are read at fixed strides
     rows = qweight.shape[0]
     y = torch.empty((x2d.shape[0], rows), dtype=x2d.dtype, device=x2d.device)  # (M, rows)
     if x2d.shape[0] == 0:

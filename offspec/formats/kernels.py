@@ -5,7 +5,7 @@
   Their results are row invariant: a one-token pass and a tree pass give bitwise identical rows.
 - CUDA, and a CPU where the kernels cannot be built (no C++ compiler): the blocks are decoded with torch
   (dequant.py) into the compute dtype, then a plain matrix multiply; on CUDA, `OFFSPEC_CUDA_KERNELS=triton` picks
-  the fused Triton kernels of gpu_kernels.py for Q4_K and Q6_K instead (experimental). On a CPU this fallback is
+  the fused Triton kernels of gpu_kernels.py (Q4_K, Q6_K, Q5_0, Q8_0) instead (experimental). On a CPU this fallback is
   much slower and is announced, never silent; `OFFSPEC_KERNELS=torch` forces it (tests).
 """
 
