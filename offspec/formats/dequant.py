@@ -35,10 +35,6 @@ def _half(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).float()
 
 
-def _shifts(values: tuple[int, ...], like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    return _const(values, like, shape)
-
-
 def _bit_index(like: torch.Tensor, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """0 .. n-1 as a constant of `shape` (bit positions)."""
     return _const(tuple(range(n)), like, shape, dtype)
@@ -91,7 +87,7 @@ def _q2_k(blk):
     d, dmin = dd[..., 0:1, :], dd[..., 1:2, :]  # (..., 1, 1)
     dl = d * (scales & 0x0F).float()[..., None]  # (..., 16, 1)
     ml = dmin * (scales >> 4).float()[..., None]
-    q = (qs.reshape(*lead, 2, 1, 32) >> _shifts((0, 2, 4, 6), blk, (4, 1))) & 3  # (..., 2, 4, 32)
+    q = (qs.reshape(*lead, 2, 1, 32) >> _const((0, 2, 4, 6), blk, (4, 1))) & 3  # (..., 2, 4, 32)
     return (dl * q.reshape(*lead, 16, 16).float() - ml).reshape(*lead, 256)
 
 
@@ -99,11 +95,11 @@ def _q3_k(blk):
     lead = blk.shape[:-1]
     hmask, qs, sc = blk[..., 0:32], blk[..., 32:96], blk[..., 96:108]
     d = _half(blk[..., 108:110])[..., None]  # (..., 1, 1)
-    low = (sc[..., 0:8].reshape(*lead, 1, 8) >> _shifts((0, 4), blk, (2, 1))).reshape(*lead, 16)
-    high = (sc[..., 8:12].reshape(*lead, 1, 4) >> _shifts((0, 2, 4, 6), blk, (4, 1))).reshape(*lead, 16)
+    low = (sc[..., 0:8].reshape(*lead, 1, 8) >> _const((0, 4), blk, (2, 1))).reshape(*lead, 16)
+    high = (sc[..., 8:12].reshape(*lead, 1, 4) >> _const((0, 2, 4, 6), blk, (4, 1))).reshape(*lead, 16)
     scales = ((low & 0x0F) | ((high & 0x03) << 4)).to(torch.int8) - 32
     dl = d * scales.float()[..., None]  # (..., 16, 1)
-    ql = ((qs.reshape(*lead, 2, 1, 32) >> _shifts((0, 2, 4, 6), blk, (4, 1))) & 3).reshape(*lead, 16, 16)
+    ql = ((qs.reshape(*lead, 2, 1, 32) >> _const((0, 2, 4, 6), blk, (4, 1))) & 3).reshape(*lead, 16, 16)
     bit = _bit_index(blk, 8, (8, 1), torch.uint8)
     qh = ((hmask.reshape(*lead, 1, 32) >> bit) & 1).reshape(*lead, 16, 16) ^ 1
     q = ql.to(torch.int8) - (qh << 2).to(torch.int8)
@@ -125,7 +121,7 @@ def _q45_k(blk, five: bool):
     sc, mn = _k_scale_min(blk[..., 4:16])
     ds, dm = d * sc.float()[..., None], dmin * mn.float()[..., None]  # (..., 8, 1)
     qs = blk[..., 48:176] if five else blk[..., 16:144]
-    q = ((qs.reshape(*lead, 4, 1, 32) >> _shifts((0, 4), blk, (2, 1))) & 0x0F).reshape(*lead, 8, 32)
+    q = ((qs.reshape(*lead, 4, 1, 32) >> _const((0, 4), blk, (2, 1))) & 0x0F).reshape(*lead, 8, 32)
     if five:
         bit = _bit_index(blk, 8, (8, 1), torch.uint8)
         q = q | (((blk[..., 16:48].reshape(*lead, 1, 32) >> bit) & 1) << 4)
@@ -137,8 +133,8 @@ def _q6_k(blk):
     ql, qh = blk[..., 0:128], blk[..., 128:192]
     scales = blk[..., 192:208].contiguous().view(torch.int8)
     d = _half(blk[..., 208:210])[..., None] * scales.float()[..., None]  # (..., 16, 1)
-    lo = ((ql.reshape(*lead, 2, 1, 64) >> _shifts((0, 4), blk, (2, 1))) & 0x0F).reshape(*lead, 8, 32)
-    hi = ((qh.reshape(*lead, 2, 1, 32) >> _shifts((0, 2, 4, 6), blk, (4, 1))) & 0x03).reshape(*lead, 8, 32)
+    lo = ((ql.reshape(*lead, 2, 1, 64) >> _const((0, 4), blk, (2, 1))) & 0x0F).reshape(*lead, 8, 32)
+    hi = ((qh.reshape(*lead, 2, 1, 32) >> _const((0, 2, 4, 6), blk, (4, 1))) & 0x03).reshape(*lead, 8, 32)
     q = ((lo | (hi << 4)).to(torch.int8) - 32).reshape(*lead, 16, 16)
     return (d * q.float()).reshape(*lead, 256)
 
