@@ -80,6 +80,15 @@ class SlotKVCache(Cache):
         v_buf.index_copy_(2, self.write_slots, value_states)
         return k_buf[:, :, : self.kv_len], v_buf[:, :, : self.kv_len]
 
+    def buffers(self, layer_idx: int, like: torch.Tensor, kv_heads: int,
+                head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers of a layer, each (1, kv_heads, capacity, head_dim) in `like`'s dtype and device
+        (made on first use): a compiled layer (offspec.formats.layers) writes `write_slots` itself."""
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx] = _zeros_like(like, (1, kv_heads, self.capacity, head_dim))
+            self.values[layer_idx] = _zeros_like(like, (1, kv_heads, self.capacity, head_dim))
+        return self.keys[layer_idx], self.values[layer_idx]
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 

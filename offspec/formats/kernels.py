@@ -26,7 +26,8 @@ from ..progress import ProgressEvent, ProgressFn, no_progress
 from .dequant import dequantize as torch_dequantize
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h", "attention.h")
+SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h", "attention.h",
+           "layer.h")
 # "avx2": build without AVX-512 on a CPU that has it; "avx512": without AMX (the results are the same)
 ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
 AMX_FLAGS = ["-mavx512vbmi", "-mamx-tile", "-mamx-int8"]

@@ -4,6 +4,7 @@
 //   qgemm(x, w, type, K)   y (M, N) = x (M, K) @ W^T, W given as N rows of blocks
 //   dequantize(w, type, K)  the exact float32 values of rows of blocks (gguf's reference arithmetic)
 //   attend(q, k, v, visible, scale)  attention per query over its visible keys only (attention.h)
+//   decoder_layer(...)      a whole llama-family decoder layer in one call (layer.h)
 //
 // Row invariance: y[m, n] depends only on x[m] and W[n] (see ggml_dot.h), never on M or the thread split, so
 // a one-token pass and a tree pass give bitwise identical rows.
@@ -93,6 +94,8 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   return y;
 }
 
+#include "layer.h"  // decoder_layer: one llama-family layer per call, on qgemm
+
 torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
   check_weight(w, type, K);
   const int64_t R = w.size(0), rb = w.size(1);
@@ -152,6 +155,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qgemm", &qgemm, "y = x @ W^T with W in ggml blocks (row invariant)");
   m.def("dequantize", &dequantize, "exact float32 rows of ggml blocks");
   m.def("attend", &attend_exact, "attention per query over its visible keys only (row invariant)");
+  m.def("decoder_layer", &decoder_layer, "one llama-family decoder layer (layer.h)");
   m.def("isa", &isa, "the instruction set the kernels were built for");
   m.def("set_amx", &set_amx, "switch the AMX tiles off or on (the same results); returns whether they were on");
 }
