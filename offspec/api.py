@@ -148,6 +148,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
                      dtype=str(dtype).replace("torch.", ""), max_context=max_context, default_budget=tree_cfg.budget,
                      extra={"budget_source": "fixed" if plan.fixed_budget else "default",
                             "drafter": tree_cfg.drafter})
+    # how each decoder layer runs: one compiled call (offspec.formats.layers), or transformers' modules and why
+    info.extra["layers"] = target_runner.layers_unsupported or "compiled"
     if draft_runner is not None and draft_runner.vocab_ids is not None:  # the draft's reduced LM head
         info.extra["draft_vocab"] = int(draft_runner.vocab_ids.numel())
     if t.offload is not None:

@@ -135,3 +135,13 @@ def test_without_the_compiled_kernels_the_layers_stay_transformers(cache, ggufs,
     monkeypatch.setattr(kernels, "_failure", "OFFSPEC_KERNELS=torch")
     runner = offspec.load(str(ggufs["llama"]), str(ggufs["llama"]), budget=4, **LOAD).engine.target
     assert "CPU kernels are unavailable" in runner.layers_unsupported
+
+
+def test_the_switch_keeps_transformers_layers_and_a_bad_value_is_one_line(cache, ggufs, monkeypatch):
+    monkeypatch.setenv("OFFSPEC_LAYERS", "transformers")
+    gen = offspec.load(str(ggufs["llama"]), str(ggufs["llama"]), budget=4, **LOAD)
+    assert gen.engine.target.layers_unsupported == "OFFSPEC_LAYERS=transformers"
+    assert gen.info.extra["layers"] == "OFFSPEC_LAYERS=transformers"  # what bench reports record
+    monkeypatch.setenv("OFFSPEC_LAYERS", "fast")
+    with pytest.raises(offspec.OffspecError, match="OFFSPEC_LAYERS=fast: use transformers"):
+        offspec.load(str(ggufs["llama"]), str(ggufs["llama"]), budget=4, **LOAD)

@@ -18,6 +18,7 @@ are faster there (`runner.COMPILED_MAX_TOKENS`).
 
 from __future__ import annotations
 
+import os
 import threading
 import types
 from contextlib import contextmanager
@@ -26,9 +27,11 @@ from typing import Any, Iterator, NamedTuple, Optional
 import torch
 from torch import nn
 
+from ..errors import OffspecError
 from . import kernels
 from .modules import QLinear
 
+VARIABLE = "OFFSPEC_LAYERS"
 SUPPORTED = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                "mlp.up_proj", "mlp.down_proj")
@@ -78,7 +81,12 @@ def unsupported(model: nn.Module) -> Optional[str]:
 
 def install(model: nn.Module, device: torch.device, dtype: torch.dtype) -> Optional[str]:
     """Give `model`'s layers the compiled forward where they can run it (a CPU, float32, a supported model); returns
-    None when installed, else why not."""
+    None when installed, else why not. `OFFSPEC_LAYERS=transformers` keeps transformers' layers (an A/B switch)."""
+    choice = os.environ.get(VARIABLE, "").strip().lower() or "auto"
+    if choice not in ("auto", "transformers"):
+        raise OffspecError(f"{VARIABLE}={choice}: use transformers (no compiled layers) or auto")
+    if choice == "transformers":
+        return f"{VARIABLE}=transformers"
     if device.type != "cpu" or dtype != torch.float32:
         return "compiled layers run on a CPU in float32"
     reason = unsupported(model)
