@@ -4,7 +4,8 @@
 most probable continuations, expanding the best nodes in batched draft forwards. A single chain
 (classic speculative decoding) is the same drafter with `TreeConfig.chain(depth)`. The model-free
 `SuffixDrafter` (offspec/suffix_drafter.py) and the `HybridDrafter` that merges both (offspec/hybrid.py)
-implement the same interface.
+implement the same interface; the engine holds a `HybridDrafter`, whose modes and session history the rest of
+offspec uses through `EngineDrafter`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,29 @@ class Drafter(Protocol):
 
     def forget(self) -> None:
         """Drop everything carried between calls (caches, indexes, session history)."""
+
+
+class EngineDrafter(Drafter, Protocol):
+    """The drafter the engine holds, as the generator, the API, `offspec bench` and `offspec profile` use it
+    (offspec/hybrid.py's `HybridDrafter`): a `Drafter` with several modes, one picked per pass by
+    `TreeConfig.drafter`, and a session history of replies. The engine's passes call the `Drafter` part only."""
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes it can run ("model", "suffix", "hybrid"; without a draft model, "suffix" only)."""
+
+    @property
+    def runner(self) -> Optional[ModelRunner]:
+        """The draft model's runner (None: no draft model); profiling times its steps."""
+
+    def check_mode(self, mode: Optional[str]) -> str:
+        """`mode` (None: the default one) if it can run it, else a one-line OffspecError that says what to do."""
+
+    def remember(self, replies: Sequence[Sequence[int]]) -> None:
+        """Put earlier replies of the session into its history (benchmarks replaying a session)."""
+
+    def use_history(self, enabled: bool) -> None:
+        """Draft from the earlier replies of the session too (on), or from the conversation alone (off)."""
 
 
 class TreeDrafter:

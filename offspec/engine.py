@@ -16,7 +16,7 @@ import torch
 
 from .config import TreeConfig
 from .device import sync_compute
-from .drafter import Drafter
+from .drafter import EngineDrafter
 from .errors import OffspecError
 from .runner import ModelRunner
 from .sampling import TokenChooser
@@ -37,9 +37,9 @@ def _clock(device: torch.device) -> float:
 
 
 class SpeculativeEngine:
-    def __init__(self, target: ModelRunner, drafter: Optional[Drafter], max_context: int, max_budget: int):
+    def __init__(self, target: ModelRunner, drafter: Optional[EngineDrafter], max_context: int, max_budget: int):
         self.target = target
-        self.drafter = drafter
+        self.drafter = drafter  # its passes call the `Drafter` part only (a plain Drafter does for them alone)
         self.max_context = max_context  # committed tokens never exceed this
         self.max_budget = max_budget  # the target cache reserves room for a tree of this many nodes
         self.tokens: list[int] = []

@@ -30,6 +30,8 @@ from .tree import DraftTree, merge_trees
 
 
 class HybridDrafter:
+    """The engine's drafter (`EngineDrafter`: a `Drafter` with modes and a session history)."""
+
     def __init__(self, model: Optional[TreeDrafter], suffix: SuffixDrafter):
         self.model, self.suffix = model, suffix
         self.kind = "hybrid"  # what built the last tree: "model", "suffix" or "hybrid"

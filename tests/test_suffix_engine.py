@@ -150,3 +150,21 @@ def test_cli_draft_none_and_drafter_flags(tiny_dirs, tmp_path):
     run = subprocess.run(base + ["--draft", str(draft), "--chain", "3", "--drafter", "suffix", "ab"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "--chain" in run.stderr
+
+
+def test_the_engines_drafter_offers_everything_the_rest_of_offspec_asks_of_it():
+    """`EngineDrafter` names what the generator, API, bench and profile use beyond `Drafter`; the engine's
+    `HybridDrafter` has all of it, with a draft model or without."""
+    from offspec.drafter import Drafter, EngineDrafter
+    from offspec.hybrid import HybridDrafter
+    from offspec.suffix_drafter import SuffixDrafter
+
+    members = {n for n in vars(EngineDrafter) if not n.startswith("_")} | {
+        n for n in vars(Drafter) if not n.startswith("_")} | set(Drafter.__annotations__)
+    assert {"modes", "runner", "check_mode", "remember", "use_history", "propose", "observe", "reset", "forget",
+            "kind", "caught_up"} <= members
+    drafter = HybridDrafter(None, SuffixDrafter())
+    assert all(hasattr(drafter, name) for name in members), members - set(dir(drafter))
+    assert drafter.modes == ("suffix",) and drafter.runner is None
+    with pytest.raises(OffspecError, match="needs a draft model"):
+        drafter.check_mode("model")
