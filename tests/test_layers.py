@@ -128,6 +128,11 @@ def test_models_the_compiled_layers_do_not_cover_say_why(tiny_dirs):
     assert install(model, torch.device("cpu"), torch.bfloat16) == "compiled layers run on a CPU in float32"
     model.config.hidden_act = "gelu"
     assert "gelu" in unsupported(model)
+    model.config.hidden_act = "silu"
+    model.config.sliding_window = 4096  # as Mistral has it: applied (no use_sliding_window to say otherwise)
+    assert unsupported(model) == "a sliding window"
+    model.config.use_sliding_window = False  # as Qwen2 has it: not applied
+    assert "not ggml blocks" in unsupported(model)
 
 
 def test_without_the_compiled_kernels_the_layers_stay_transformers(cache, ggufs, monkeypatch):

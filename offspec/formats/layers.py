@@ -3,7 +3,7 @@
 A transformers decoder layer dispatches about 150 torch operations and 14 module calls: 0.4-0.7 ms of Python per
 layer on a CPU, whatever the weights. For the 0.5B draft (24 layers) that is a third of a draft step, for the 1.5B
 target a sixth of a one-token pass. `install(model)` gives every layer of a supported model a forward that runs
-the whole layer in `csrc/layer.h` (the same operations in the same order on the same values: RMSNorm, the
+the whole layer in `csrc/layer.h` (what transformers' layer computes, up to a norm's last bit: RMSNorm, the
 projections on qgemm, the rotary embedding, the cache write, exact attention, the SiLU-gated MLP), within
 `active(visible)`, which the runner enters around its own passes. Anything else (another caller, a cache that is not
 the runner's, a pass outside the context) runs transformers' forward, so hooks and tests on the modules still see
@@ -54,7 +54,8 @@ def active(visible: Optional[torch.Tensor]) -> Iterator[None]:
 def unsupported(model: nn.Module) -> Optional[str]:
     """None when every decoder layer of `model` can run compiled, else why not (then transformers' layers run)."""
     config = model.config
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", False):
+    # Mistral applies its window whenever it has one; Qwen2 only with use_sliding_window
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "a sliding window"
     if getattr(config, "attn_logit_softcapping", None) or getattr(config, "hidden_act", "silu") != "silu":
         return f"attention softcapping or the {getattr(config, 'hidden_act', '?')} activation"

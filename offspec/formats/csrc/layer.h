@@ -1,8 +1,9 @@
 // One decoder layer of the llama family (Llama, Qwen2, Mistral) in one call: RMSNorm, q/k/v projections (with
 // their biases where the model has them), rotary embedding, the cache write, exact attention (attention.h), the
-// output projection, RMSNorm, the SiLU-gated MLP, and both residual adds. The layer's arithmetic is transformers'
-// (the same operations on the same values); what it saves is the ~150 dispatched torch operations and ~14 module
-// calls per layer that cost 0.4-0.7 ms in Python on a CPU: a third of a 0.5B draft's step.
+// output projection, RMSNorm, the SiLU-gated MLP, and both residual adds. It computes what transformers' layer
+// computes (a norm's sum of squares is taken in order here, so its last bit may differ); what it saves is the ~150
+// dispatched torch operations and ~14 module calls per layer that cost 0.4-0.7 ms in Python on a CPU: a third of a
+// 0.5B draft's step.
 //
 // Included by ggml_cpu.cpp after `qgemm`. Every step computes a row from that row alone (the norms, the rotary
 // embedding and the activation per row; the projections are qgemm's row-invariant products; attention per query),
