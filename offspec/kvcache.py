@@ -71,22 +71,20 @@ class SlotKVCache(Cache):
 
     # --- called by the transformers model --------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if self.keys[layer_idx] is None:
-            b, h, _, d = key_states.shape
-            self.keys[layer_idx] = _zeros_like(key_states, (b, h, self.capacity, d))
-            self.values[layer_idx] = _zeros_like(value_states, (b, h, self.capacity, value_states.shape[-1]))
-        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        _, h, _, d = key_states.shape
+        k_buf, v_buf = self.buffers(layer_idx, key_states, h, d, value_states.shape[-1])
         k_buf.index_copy_(2, self.write_slots, key_states)
         v_buf.index_copy_(2, self.write_slots, value_states)
         return k_buf[:, :, : self.kv_len], v_buf[:, :, : self.kv_len]
 
-    def buffers(self, layer_idx: int, like: torch.Tensor, kv_heads: int,
-                head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value buffers of a layer, each (1, kv_heads, capacity, head_dim) in `like`'s dtype and device
-        (made on first use): a compiled layer (offspec.formats.layers) writes `write_slots` itself."""
+    def buffers(self, layer_idx: int, like: torch.Tensor, kv_heads: int, head_dim: int,
+                value_dim: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers of a layer, (1, kv_heads, capacity, head_dim) and (..., value_dim or head_dim)
+        in `like`'s dtype and device, made on first use (`update`; a compiled layer, offspec.formats.layers, writes
+        `write_slots` itself)."""
         if self.keys[layer_idx] is None:
             self.keys[layer_idx] = _zeros_like(like, (1, kv_heads, self.capacity, head_dim))
-            self.values[layer_idx] = _zeros_like(like, (1, kv_heads, self.capacity, head_dim))
+            self.values[layer_idx] = _zeros_like(like, (1, kv_heads, self.capacity, value_dim or head_dim))
         return self.keys[layer_idx], self.values[layer_idx]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
