@@ -15,10 +15,6 @@ sys.argv = [sys.argv[0]]
 exec(open(HERE / "suffix_replay.py").read().split("if __name__")[0])
 R = {r["prompt"]: r["ranks"] for r in json.load(open(HERE / "draft_ranks.json"))}
 D = 0.0348; DTOK = 0.004  # the draft's one-node step (ceiling.txt), its catch-up per token
-def chain_acc(ranks, i, k):
-    a = 0
-    while a < k and i + a < len(ranks) and ranks[i + a] == 0: a += 1
-    return a
 def sim(policy, k=3, verbose=False):
     d = SuffixDrafter(SuffixConfig(), "cpu")
     T_ar = T = 0.0; P = 0; kinds = {}
@@ -27,11 +23,7 @@ def sim(policy, k=3, verbose=False):
         cfg = TreeConfig(budget=32, confident_budget=32, max_depth=32, drafter="suffix", pass_cost=pc)
         i = 0; lag = len(p)  # the draft has not seen the prompt
         while i < len(out):
-            tree = d.propose(p + out[:i], cfg, 0.0, alone=True)
-            n = tree.n; tk = tree.tokens[:n].tolist(); par = tree.parents[:n].tolist()
-            depth = [0] * n
-            for q in range(1, n): depth[q] = depth[par[q]] + 1
-            path, _ = acceptance_walk(tk, par, lambda q: out[i + depth[q]] if i + depth[q] < len(out) else -1)
+            n, path = replay_pass(d, p + out[:i], out, i, cfg)
             s_tok = min(len(path), len(out) - i)
             s_cost = (interp(F, n) + interp(H, s_tok)) if n > 1 else F[1] + H[1]
             a = chain_acc(ranks, i, k)

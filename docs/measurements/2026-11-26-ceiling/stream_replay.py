@@ -11,10 +11,6 @@ HERE = Path(__file__).resolve().parent
 sys.argv = [sys.argv[0]]
 exec(open(HERE / "suffix_replay.py").read().split("if __name__")[0])
 R = {r["prompt"]: r["ranks"] for r in json.load(open(HERE / "draft_ranks.json"))}
-def chain_acc(ranks, i, k):
-    a = 0
-    while a < k and i + a < len(ranks) and ranks[i + a] == 0: a += 1
-    return a
 def run(B, extra, n_prompts=20):
     d = SuffixDrafter(SuffixConfig(), "cpu")
     tot_tok = tot_pass = 0
@@ -23,11 +19,7 @@ def run(B, extra, n_prompts=20):
         cfg = TreeConfig(budget=extra, confident_budget=extra, max_depth=extra, drafter="suffix", pass_cost=None)
         i = 0
         while i < len(out):
-            tree = d.propose(p + out[:i], cfg, 0.0, alone=True)
-            n = tree.n; tk = tree.tokens[:n].tolist(); par = tree.parents[:n].tolist()
-            depth = [0] * n
-            for q in range(1, n): depth[q] = depth[par[q]] + 1
-            path, _ = acceptance_walk(tk, par, lambda q: out[i + depth[q]] if i + depth[q] < len(out) else -1)
+            n, path = replay_pass(d, p + out[:i], out, i, cfg)
             s_acc = len(path) - 1
             d.observe(path, len(path))
             m_acc = chain_acc(ranks, i, B)

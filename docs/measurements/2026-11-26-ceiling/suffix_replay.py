@@ -40,18 +40,12 @@ def simulate(scfg=SuffixConfig(), nodes=32, verbose=False, nowaste=False, cut=Tr
     d = SuffixDrafter(scfg, "cpu")
     T_ar = T_s = 0.0; ntok = npass = 0
     for r, p in zip(runs, ENC):
-        out = r["token_ids"]; d.reset([], p, 0); d.conversation.clear() if False else None
+        out = r["token_ids"]
         d.forget(); d.reset([], p, 0)
         cfg = TreeConfig(budget=nodes, confident_budget=nodes, max_depth=nodes, drafter="suffix", pass_cost=pc if cut else None)
         i = 0; t = 0.0
         while i < len(out):
-            toks = p + out[:i]
-            tree = d.propose(toks, cfg, 0.0, alone=True)
-            n = tree.n
-            tk = tree.tokens[:n].tolist(); par = tree.parents[:n].tolist()
-            depth = [0] * n
-            for k in range(1, n): depth[k] = depth[par[k]] + 1
-            path, bonus = acceptance_walk(tk, par, lambda k: out[i + depth[k]] if i + depth[k] < len(out) else -1)
+            n, path = replay_pass(d, p + out[:i], out, i, cfg)
             d.observe(path, len(path))
             emitted = min(len(path), len(out) - i)
             if nowaste: n = len(path)
@@ -60,6 +54,28 @@ def simulate(scfg=SuffixConfig(), nodes=32, verbose=False, nowaste=False, cut=Tr
         T_s += t; T_ar += len(out) * (F[1] + H[1]); ntok += len(out)
     P = sum(pre[:len(runs)])
     return (T_ar + P) / (T_s + P), ntok / npass
+
+
+def replay_pass(d, context, out, i, cfg):
+    """One pass of suffix drafter d at output position i: its tree for `context`, walked against the known reply
+    (a node is accepted where it is the reply's token). Returns (tree nodes with the root, accepted path)."""
+    tree = d.propose(context, cfg, 0.0, alone=True)
+    n = tree.n
+    tk, par = tree.tokens[:n].tolist(), tree.parents[:n].tolist()
+    depth = [0] * n
+    for q in range(1, n):
+        depth[q] = depth[par[q]] + 1
+    path, _ = acceptance_walk(tk, par, lambda q: out[i + depth[q]] if i + depth[q] < len(out) else -1)
+    return n, path
+
+
+def chain_acc(ranks, i, k):
+    """Tokens a draft chain of k accepts from output position i: as long as the draft's top-1 (rank 0) is right."""
+    a = 0
+    while a < k and i + a < len(ranks) and ranks[i + a] == 0:
+        a += 1
+    return a
+
 
 if __name__ == "__main__":
     print("default: speed-up %.2fx, %.2f tok/pass" % simulate())
