@@ -18,8 +18,9 @@ from .errors import OffspecError, run_cli
 from .progress import ProgressEvent
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="offspec", description="Chat with a model that does not fit in memory: a small "
-                                     "draft model proposes a tree of tokens, the streamed target verifies it in one pass.")
+    parser = argparse.ArgumentParser(
+        prog="offspec", description="Chat with a model that does not fit in memory: a small draft model (or text "
+        "already seen) proposes a tree of tokens, and the target, streamed where it must be, verifies it in one pass.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("setup", help="install, assemble, verify and convert the default model pair "
