@@ -21,25 +21,29 @@ Every simplification makes the schedule faster than any real drafter's, so its s
 import json
 import statistics
 import sys
-import time
 
 import torch
 
 import offspec
 from offspec.prompts import read_prompts
-from offspec.profile.timing import PassTimer
+from offspec.profile.timing import PassTimer, timed
 
 TOP = 4  # the widest level the tree oracle may use
 
 
-def median_time(f, n=9):
-    f()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+def median_time(f, device, n=9):
+    f()  # first-call allocations are not part of the time
+    return statistics.median(timed(f, device) for _ in range(n))
+
+
+def interp(points, x):
+    """Piecewise linear through {x: seconds}, past the last point at its slope."""
+    xs = sorted(points)
+    for a, b in zip(xs, xs[1:]):
+        if x <= b:
+            return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
+    a, b = xs[-2], xs[-1]
+    return points[b] + (points[b] - points[a]) * (x - b) / (b - a)
 
 
 def hidden_states(runner, ids):
@@ -106,22 +110,11 @@ def main():
     draft.extend(context[draft.length:])
     timer = PassTimer(target, draft, 16)
     sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
-    f_points = {n: median_time(lambda: PassTimer._pass(target, n)) for n in sizes}
+    f_points = {n: median_time(lambda: PassTimer._pass(target, n), target.device) for n in sizes}
     hidden = PassTimer._pass(target, 8)
-    h_points = {r: median_time(lambda: target.logits(hidden[:r])) for r in (1, 2, 4, 8)}
-    D = median_time(lambda: timer.draft_step(1))
-
-    def interp(points):
-        xs = sorted(points)
-
-        def f(x):
-            for a, b in zip(xs, xs[1:]):
-                if x <= b:
-                    return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
-            a, b = xs[-2], xs[-1]
-            return points[b] + (points[b] - points[a]) * (x - b) / (b - a)
-        return f
-    F, H = interp(f_points), interp(h_points)
+    h_points = {r: median_time(lambda: target.logits(hidden[:r]), target.device) for r in (1, 2, 4, 8)}
+    D = median_time(lambda: timer.draft_step(1), draft.device)
+    F, H = (lambda x: interp(f_points, x)), (lambda x: interp(h_points, x))
     print("F(n) ms:", {n: round(t * 1e3, 1) for n, t in f_points.items()})
     print("H(rows) ms:", {r: round(t * 1e3, 1) for r, t in h_points.items()})
     print(f"draft one-node step ms: {D * 1e3:.1f}", flush=True)
@@ -132,9 +125,7 @@ def main():
         out = run["token_ids"]
         seq = prompt_ids + out
         target.cache.truncate(0)
-        t = time.perf_counter()
-        target.extend(prompt_ids)
-        prefill = time.perf_counter() - t
+        prefill = timed(lambda: target.extend(prompt_ids), target.device)
         states = hidden_states(draft, seq[:-1])[len(prompt_ids) - 1:]  # (n, hidden): predicting out[i]
         logits = draft.logits(states)  # (n, V') the draft's candidates
         ids = draft.token_ids(torch.arange(logits.shape[-1]))  # (V',) their token ids

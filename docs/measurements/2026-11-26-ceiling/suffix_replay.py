@@ -8,6 +8,8 @@ import json, re, sys, os, glob
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ceiling import interp  # noqa: E402
 from offspec.config import SuffixConfig, TreeConfig
 from offspec.gain import PassCost
 from offspec.suffix_drafter import SuffixDrafter
@@ -19,11 +21,6 @@ txt = open(ROOT / "docs/measurements/2026-11-26-ceiling/ceiling.txt").read()
 F = {int(k): float(v) / 1e3 for k, v in re.findall(r"(\d+): ([\d.]+)", txt.splitlines()[0])}
 H = {int(k): float(v) / 1e3 for k, v in re.findall(r"(\d+): ([\d.]+)", txt.splitlines()[1])}
 pre = [float(x) for x in re.findall(r"prefill ([\d.]+) s", txt)]
-def interp(points, x):
-    xs = sorted(points)
-    for a, b in zip(xs, xs[1:]):
-        if x <= b: return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
-    a, b = xs[-2], xs[-1]; return points[b] + (points[b] - points[a]) * (x - b) / (b - a)
 base = F[1]
 pc = PassCost(base=base, per_node=0.0, head=H[1], measured=tuple((n - 1, F[n] - base) for n in sorted(F)))
 gg = sorted(glob.glob(f"{cache_dir()}/**/*1.5b*.gguf", recursive=True))
