@@ -2,7 +2,7 @@
 
 import sys
 
-from offspec.cli import main
+from offspec.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

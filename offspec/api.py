@@ -7,22 +7,26 @@ from typing import Any, Optional
 
 import torch
 
-from .cpu_linear import speed_up_cpu_linears
+from offspec.formats.cpu_linear import speed_up_cpu_linears
+from offspec.models.loading import load_pair, load_target
+from offspec.offload.config import OffloadConfig
+from offspec.offload.prefill import chunk_planner
+from offspec.profile.auto import apply_auto_budget
+from offspec.spec.engine import SpeculativeEngine
+from offspec.spec.hybrid import build_drafter
+from offspec.spec.runner import PREFILL_CHUNK, ModelRunner
+from offspec.util.device import (check_device_budget, is_out_of_memory, out_of_memory_error, resolve_device,
+                                 resolve_dtype, use_device)
+from offspec.util.threads import configure_threads
+
 from .config import (NO_DRAFT, GenerationConfig, LoadConfig, TreeConfig, budget_room_error, draft_vocab_setting,
                      split_auto_budget, split_options)
-from .device import (check_device_budget, is_out_of_memory, out_of_memory_error, resolve_device, resolve_dtype,
-                     use_device)
-from .hybrid import build_drafter
-from .engine import SpeculativeEngine
 from .errors import OffspecError
 from .generator import Generator
-from .offload.config import OffloadConfig
 from .progress import ProgressEvent, ProgressFn, no_progress
-from .runner import PREFILL_CHUNK, ModelRunner
-from .threads import configure_threads
 from .types import ModelInfo
 
-__all__ = ["load", "resolve_device", "resolve_dtype"]  # resolve_*: offspec.device, kept here for callers
+__all__ = ["load", "resolve_device", "resolve_dtype"]  # resolve_*: offspec.util.device, kept here for callers
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -87,8 +91,6 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     default hybrid with a draft model, else suffix) and GenerationConfig (max_new_tokens, speculate).
     Every option is checked (`check_options`) before any model is touched.
     """
-    from .loading import load_pair, load_target  # heavy imports only when loading
-
     progress = progress or no_progress
     plan = check_options(target, draft, **options)
     load_cfg, tree_cfg, gen_cfg, offload = plan.load, plan.tree, plan.generation, plan.offload
@@ -137,8 +139,6 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
         # the placement reserved the draft's activations for prefill passes this long (offload.estimates)
         draft_runner.prefill_chunk = lambda cached, remaining, most=fitted.prefill_tokens: min(remaining, most)
     if t.offload is not None and t.offload.placement.streams:  # every pass streams the layers: fewest prefill passes
-        from .offload.prefill import chunk_planner
-
         elem = torch.empty((), dtype=dtype).element_size()
         target_runner.prefill_chunk = chunk_planner(t.model.config, t.offload.placement.sizes.activation_bytes, elem)
     drafter = build_drafter(draft_runner, device)  # model, suffix or hybrid trees, as each pass's TreeConfig asks
@@ -175,8 +175,6 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     engine.forget()  # forget the warm-up conversation (and keep its output out of the session history)
     progress(ProgressEvent("warmup", "warming up", 1, 1, finished=True))
     if auto_budget:  # budget="auto": plan the tree from a matching measured profile, else a quick start-up estimate
-        from .profile.auto import apply_auto_budget
-
         try:
             apply_auto_budget(generator, load_cfg, progress)
         except Exception as exc:

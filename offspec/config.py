@@ -7,7 +7,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Optional, Union
 
 from .errors import OffspecError
-from .gain import PassCost
 
 QUANTS = ("none", "int4", "int8", "nf4")  # --quant for float checkpoints (offspec/formats/quantize.py)
 
@@ -25,6 +24,42 @@ def _is_number(value: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class PassCost:
+    """Seconds of one target pass: base + per_node * nodes, plus head per position of the acceptance walk.
+    With `measured`, the nodes' share follows those points instead: (nodes, seconds above base), piecewise linear
+    between them and past the last at its slope (a CPU's tile kernels cost nearly as much for 4 tokens as for 16,
+    which no straight line through 1 and 16 says)."""
+
+    base: float  # the pass over the root alone (the target alone's pass, without the head)
+    per_node: float  # each tree node verified beside it
+    head: float = 0.0  # LM head and token choice, per accepted position and the bonus
+    measured: tuple[tuple[int, float], ...] = ()  # (nodes, seconds above base), nodes increasing, from 0
+
+    def validate(self) -> "PassCost":
+        if not all(math.isfinite(x) and x >= 0 for x in (self.base, self.per_node, self.head)) or self.base <= 0:
+            raise ValueError(f"pass cost needs base > 0 and per_node, head >= 0, got {self}")
+        nodes = [n for n, _ in self.measured]
+        if self.measured and (nodes[0] != 0 or nodes != sorted(set(nodes)) or
+                              not all(math.isfinite(s) and s >= 0 for _, s in self.measured)):
+            raise ValueError(f"pass cost points need increasing nodes from 0 and finite seconds >= 0, got {self}")
+        return self
+
+    def nodes_seconds(self, nodes: int) -> float:
+        """Seconds the nodes add to the pass."""
+        pts = self.measured
+        if len(pts) < 2:
+            return self.per_node * nodes
+        for (n0, s0), (n1, s1) in zip(pts, pts[1:]):
+            if nodes <= n1:
+                return s0 + (s1 - s0) * (nodes - n0) / (n1 - n0)
+        (n0, s0), (n1, s1) = pts[-2], pts[-1]
+        return s1 + max(0.0, (s1 - s0) / (n1 - n0)) * (nodes - n1)
+
+    def seconds(self, nodes: int, expected_tokens: float) -> float:
+        return self.base + self.nodes_seconds(nodes) + self.head * expected_tokens
+
+
+@dataclass(frozen=True)
 class TreeConfig:
     """Shape of the speculation tree (SpecExec)."""
 
@@ -35,12 +70,12 @@ class TreeConfig:
     # who proposes the tree: "model" (the draft model), "suffix" (continuations of text already seen), "hybrid"
     # (both merged under one budget); None = hybrid when a draft model is loaded, else suffix (set at load)
     drafter: Optional[str] = None
-    # a pass from a long, confident suffix match alone (no draft model step; see offspec/suffix_drafter.py) may
+    # a pass from a long, confident suffix match alone (no draft model step; see offspec/spec/suffix_drafter.py) may
     # propose up to this many nodes instead of `budget`, as deep as that past `max_depth` (SuffixDecoding's
     # adaptive speculation); 0 = `budget`
     confident_budget: int = 32
     # the target pass's cost model: suffix-only trees keep just the candidates that pay for their place in the
-    # pass (offspec/gain.py), possibly none; None = every candidate up to the budget. `budget="auto"` sets it
+    # pass (offspec/spec/gain.py), possibly none; None = every candidate up to the budget. `budget="auto"` sets it
     pass_cost: Optional[PassCost] = None
     # what the plan expects of the draft model's tree in a hybrid pass: (accepted tokens, draft seconds). With
     # `pass_cost`, a hybrid pass grows that tree only where it is expected to beat the suffix candidates that pay on
@@ -67,7 +102,7 @@ class TreeConfig:
             try:
                 self.pass_cost.validate()
             except (AttributeError, TypeError, ValueError) as exc:
-                raise OffspecError(f"pass_cost must be an offspec.gain.PassCost with base > 0: {exc}") from None
+                raise OffspecError(f"pass_cost must be an offspec.spec.gain.PassCost with base > 0: {exc}") from None
         expectation = self.model_expectation
         if expectation is not None and not (isinstance(expectation, tuple) and len(expectation) == 2 and all(
                 isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in expectation)):
@@ -83,7 +118,7 @@ class TreeConfig:
 
 @dataclass(frozen=True)
 class SuffixConfig:
-    """Model-free drafting from text already seen (SuffixDecoding-style): see `offspec.suffix_drafter`."""
+    """Model-free drafting from text already seen (SuffixDecoding-style): see `offspec.spec.suffix_drafter`."""
 
     key_length: int = 4  # the index maps every k-gram, k = 1..key_length, to where it occurred
     max_match: int = 32  # a matching suffix is compared back at most this far
@@ -167,7 +202,7 @@ class LoadConfig:
     quant: str = "none"  # a float target quantized once: none, int4 (ggml Q4_1), int8 (ggml Q8_0), nf4 (CUDA)
     draft_quant: str = "none"  # the same for a float draft (a GGUF keeps its own format)
     # the draft's LM head: "auto" (its 65,536 most frequent tokens where a ranks table knows its tokenizer, else
-    # all), "full", or a token count (offspec/draft_vocab.py); the target always scores every token
+    # all), "full", or a token count (offspec/models/draft_vocab.py); the target always scores every token
     draft_vocab: Union[str, int] = "auto"
     offload_dir: Optional[str] = None  # where packed per-layer files live; None = the cache dir
     stream_head: str = "auto"  # a CPU's target LM head: "auto" (read from SSD in every pass where the budget cannot

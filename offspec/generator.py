@@ -12,10 +12,11 @@ import time
 from dataclasses import replace
 from typing import Iterator, Optional, Sequence
 
+from offspec.spec.engine import SpeculativeEngine
+from offspec.spec.sampling import TokenChooser
+
 from .config import GenerationConfig, SamplingConfig, TreeConfig, budget_room_error, generation_configs
-from .engine import SpeculativeEngine
 from .errors import OffspecError
-from .sampling import TokenChooser
 from .types import GenerationResult, ModelInfo, PassStats, Prompt, StreamEvent, TextDelta
 
 
@@ -33,7 +34,7 @@ class Generator:
         self.policy = None
         self.policies: dict = {}
         self.generation = generation
-        # sizes torch's CPU threads to the cores other processes leave free, between passes (offspec.threads);
+        # sizes torch's CPU threads to the cores other processes leave free, between passes (offspec.util.threads);
         # None: the thread count stays as it is (CUDA, or threads fixed by the user)
         self.threads = None
         self._lock = threading.Lock()  # one generation at a time: the caches are shared state

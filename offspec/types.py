@@ -1,4 +1,5 @@
-"""What the engine and the generator return: per-pass statistics, results and stream events.
+"""What loading gives and what the engine and the generator return: a loaded model, per-pass statistics, results
+and stream events.
 
 Engines never print; everything a UI or a benchmark wants to show comes through these objects.
 """
@@ -6,7 +7,8 @@ Engines never print; everything a UI or a benchmark wants to show comes through 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Protocol, Sequence, Union
+from pathlib import Path
+from typing import Any, Iterator, Optional, Protocol, Sequence, Union
 
 
 @dataclass(frozen=True)
@@ -136,3 +138,14 @@ class GeneratorLike(Protocol):
                stop: Sequence[str] = ..., cancel=None, drafter: Optional[str] = ...) -> Iterator[StreamEvent]: ...
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult: ...
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: eval mode, on its device, no gradients."""
+
+    name: str
+    path: Path
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    offload: Any = None  # offloading (offspec.offload.OffloadHandle): placement and layer streamer of a target

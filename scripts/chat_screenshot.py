@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from textual.widgets import Input  # noqa: E402
 
-from offspec.cli import _add_model_args, load_options  # noqa: E402
+from offspec.cli.args import add_model_args, load_options  # noqa: E402
 from tui.app import ChatApp, engine_factory  # noqa: E402
 from tui.settings import ChatSettings  # noqa: E402
 
@@ -56,7 +56,7 @@ async def record(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _add_model_args(parser)
+    add_model_args(parser)
     parser.add_argument("--out", default="docs/chat.svg")
     parser.add_argument("--prompt", action="append", help="a user turn (repeatable); default: two coding turns")
     parser.add_argument("--max-new-tokens", type=int, default=160)

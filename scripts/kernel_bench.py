@@ -31,9 +31,9 @@ def median_ms(fn, repeat: int) -> float:
 def main() -> None:
     import gguf
 
-    from offspec.default_pair import DEFAULT_TARGET, assembled_gguf
     from offspec.formats import kernels
     from offspec.formats.ggml import ggml_type
+    from offspec.models.default_pair import DEFAULT_TARGET, assembled_gguf
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,4,16,64")

@@ -1,5 +1,5 @@
 """Estimate how often each token of a tokenizer occurs in a model's replies and write a token-ranks table: the
-draft's reduced LM head (`--draft-vocab`, offspec/draft_vocab.py) keeps the most frequent tokens.
+draft's reduced LM head (`--draft-vocab`, offspec/models/draft_vocab.py) keeps the most frequent tokens.
 
     pip install wordfreq   # word frequencies of running text (Wikipedia, subtitles, news, books, web)
     python scripts/token_ranks.py $(python -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])") \\
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from offspec.draft_vocab import RANKS_FORMAT, vocab_fingerprint  # noqa: E402
+from offspec.models.draft_vocab import RANKS_FORMAT, vocab_fingerprint  # noqa: E402
 from offspec.profile.schema import VERSION  # noqa: E402
 
 SUFFIXES = (".py", ".md", ".rst", ".txt")

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py, tests/fakes.py
+sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers/tiny.py, tests/helpers/fakes.py
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the repo root: offspec/, tui/
 
-from tiny import save_tiny_model  # noqa: E402
-from offspec.paths import kernels_dir  # noqa: E402
+from helpers.tiny import save_tiny_model  # noqa: E402
+
+from offspec.util.paths import kernels_dir  # noqa: E402
 
 # The CPU kernels compile once (about a minute) into the kernels dir; tests and their subprocesses that use a
 # fresh OFFSPEC_CACHE_DIR would each compile them again. They share the user's kernels dir instead.

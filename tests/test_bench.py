@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from offspec import OffspecError
-from offspec.bench import parse_setups, run_bench
+from offspec.cli.bench import parse_setups, run_bench
 from offspec.config import TreeConfig
-from offspec.prompts import read_prompts
+from offspec.util.prompts import read_prompts
 
 ROOT = Path(__file__).parent.parent
 

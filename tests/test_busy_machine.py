@@ -17,8 +17,8 @@ from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
 from offspec.profile.curves import AcceptanceCurve, CostCurve
 from offspec.profile.guard import GuardConfig, SpeedGuard
 from offspec.profile.planner import PairCosts, PlannerConfig, draft_seconds, plan
-from offspec.threads import CpuSample, ThreadGovernor
 from offspec.types import PassStats
+from offspec.util.threads import CpuSample, ThreadGovernor
 
 ROOT = Path(__file__).parent.parent
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)
@@ -36,14 +36,14 @@ def python(code: str, **env) -> str:
 
 
 def test_importing_offspec_first_sets_a_passive_wait_policy_unless_the_user_chose():
-    code = "import offspec, os, offspec.threads as t; print(os.environ.get('OMP_WAIT_POLICY'), t.openmp_env_applied())"
+    code = "import offspec, os, offspec.util.threads as t; print(os.environ.get('OMP_WAIT_POLICY'), t.openmp_env_applied())"
     assert python(code) == "PASSIVE True"
     assert python(code, OMP_WAIT_POLICY="ACTIVE") == "ACTIVE True"  # the user's choice stands
     spin = "import offspec, os; print(os.environ.get('GOMP_SPINCOUNT'))"
     assert python(spin) == "20000"  # a short spin before sleeping, with the passive policy only
     assert python(spin, OMP_WAIT_POLICY="ACTIVE") == "None"
     assert python(spin, GOMP_SPINCOUNT="5") == "5"
-    late = "import torch, offspec, os, offspec.threads as t; print(os.environ.get('OMP_WAIT_POLICY'), t.openmp_env_applied())"
+    late = "import torch, offspec, os, offspec.util.threads as t; print(os.environ.get('OMP_WAIT_POLICY'), t.openmp_env_applied())"
     assert python(late) == "None False"  # torch's pool already started: offspec says so instead of pretending
     # the CLI entry imports offspec before torch
     assert python("import main, os; print(os.environ.get('OMP_WAIT_POLICY'))") == "PASSIVE"

@@ -13,8 +13,8 @@ import pytest
 
 import offspec
 from offspec import OffspecError
-from offspec.cli import _parser, generation_options, main
-from offspec.cli_progress import TqdmProgress
+from offspec.cli.main import _parser, generation_options, main
+from offspec.cli.progress import TqdmProgress
 from offspec.progress import ProgressEvent
 
 ROOT = Path(__file__).parent.parent

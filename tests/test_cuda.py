@@ -24,7 +24,7 @@ GPU = torch.device("cuda", 0) if torch.cuda.is_available() else None
 
 
 def _dtype():
-    from offspec.device import default_dtype
+    from offspec.util.device import default_dtype
 
     return default_dtype(GPU)
 
@@ -72,7 +72,7 @@ def test_streamed_logits_equal_resident_logits(dtype):
 
 
 def test_doctor_command_passes(tmp_path, capsys):
-    from offspec.doctor.cli import main
+    from offspec.cli.doctor import main
 
     rc = main(["--quick", "--offload-dir", str(tmp_path)])
     out = capsys.readouterr().out
@@ -112,8 +112,8 @@ def test_ring_slots_are_never_refilled_under_compute_that_still_reads_them(tmp_p
     """The host queues slow compute that reads each slot and runs far ahead of the GPU; the copier refills slots
     as soon as they are released. Every layer's compute must still see its own bytes (sums checked at the end)."""
     from offspec.offload.diskio import aligned_empty
-    from offspec.offload.packed import build_store, plan_layer
     from offspec.offload.streamer import LayerSource, LayerStreamer
+    from offspec.store.packed import build_store, plan_layer
 
     n, nbytes = 8, 8 * 2**20
     payloads = _layers(n, nbytes)
@@ -149,8 +149,8 @@ def test_a_slots_first_fill_waits_for_compute_queued_before_the_ring_was_allocat
     """Memory freed under queued compute goes back to the allocator at once; the ring may get it. The first copy
     into it must wait for that compute, or the queued sum reads the layer's bytes instead of its own."""
     from offspec.offload.diskio import aligned_empty
-    from offspec.offload.packed import plan_layer
     from offspec.offload.streamer import LayerSource, LayerStreamer
+    from offspec.store.packed import plan_layer
 
     nbytes = 64 * 2**20
     big = torch.randn(4096, 4096, device=GPU)
@@ -171,7 +171,7 @@ def test_a_slots_first_fill_waits_for_compute_queued_before_the_ring_was_allocat
 # --- out of memory, budgets ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from tiny import save_tiny_model
+    from helpers.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("cuda-pair")
     target = save_tiny_model(root / "target", seed=0, logit_scale=3.0, layers=6)
@@ -190,7 +190,7 @@ def test_device_mem_above_what_is_free_is_refused_in_one_line(pair):
 def test_a_cuda_out_of_memory_error_is_one_line(pair, tmp_path, monkeypatch, when, step):
     """A real CUDA out-of-memory error (an allocation of 4x the GPU) raised while the target is being placed and
     loaded, or in the warm-up's first forward pass."""
-    from offspec.runner import ModelRunner
+    from offspec.spec.runner import ModelRunner
 
     total = torch.cuda.get_device_properties(GPU).total_memory
     armed = []
@@ -250,7 +250,7 @@ def test_cuda_1_is_honoured_everywhere(pair, tmp_path):
 def test_quick_profile_on_the_gpu_with_a_streamed_target(pair, tmp_path, monkeypatch):
     """`offspec profile --quick` end to end on the GPU (every drafter's acceptance, the plan), the target streamed
     from pinned RAM: its trees live on the GPU, which the CPU runs of the same command never exercise."""
-    from offspec.profile.cli import profile_main
+    from offspec.cli.profile import profile_main
     from offspec.profile.store import load_profile
 
     monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))
@@ -280,7 +280,7 @@ needs_triton = pytest.mark.skipif(__import__("importlib").util.find_spec("triton
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
 def test_the_fused_kernels_agree_with_the_torch_path(type_name):
     import numpy as np
-    from tiny_gguf import random_blocks
+    from helpers.tiny_gguf import random_blocks
 
     from offspec.formats import gpu_kernels, kernels
     from offspec.formats.dequant import dequantize
@@ -304,7 +304,7 @@ def test_the_fused_kernels_agree_with_the_torch_path(type_name):
 
 @needs_triton
 def test_speculation_with_the_fused_kernels_is_lossless(tmp_path, monkeypatch):
-    from tiny_gguf import save_tiny_gguf
+    from helpers.tiny_gguf import save_tiny_gguf
 
     target = save_tiny_gguf(tmp_path / "t.gguf", "qwen2", seed=0, layers=4)
     draft = save_tiny_gguf(tmp_path / "d.gguf", "qwen2", seed=0, layers=4, noise=0.002)

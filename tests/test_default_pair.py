@@ -13,13 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.faults import one_line
 
-from offspec import default_pair
-from offspec.default_pair import ChunkedModel, ensure_gguf, locate_chunks, pip_install_command
 from offspec.errors import OffspecError
-
-from faults import one_line
-
+from offspec.models import default_pair
+from offspec.models.default_pair import ChunkedModel, ensure_gguf, locate_chunks, pip_install_command
 
 # ---------------------------------------------------------------------------------------------------------
 # default pair: chunk packages and assembly

@@ -6,9 +6,9 @@ import torch
 
 import offspec
 from offspec import OffspecError
-from offspec.device import (check_device_budget, default_dtype, out_of_memory_error, resolve_device, resolve_dtype,
-                            use_device)
-from offspec.offload.sizes import parse_size
+from offspec.util.device import (check_device_budget, default_dtype, out_of_memory_error, resolve_device, resolve_dtype,
+                                 use_device)
+from offspec.util.sizes import parse_size
 
 GB = 10**9
 
@@ -97,13 +97,13 @@ def test_out_of_memory_becomes_one_line_that_says_what_to_do():
 
 
 def test_out_of_memory_while_loading_is_one_line_not_a_traceback(tiny_dirs, monkeypatch, capsys):
-    import offspec.loading
-    from offspec.cli import main
+    import offspec.models.loading
+    from offspec.cli.main import main
 
     def oom(*args, **kwargs):
         raise _oom()
 
-    monkeypatch.setattr(offspec.loading, "load_pair", oom)
+    monkeypatch.setattr(offspec.models.loading, "load_pair", oom)
     target, draft = tiny_dirs[("llama", 0)]
     with pytest.raises(OffspecError, match="during loading the models .*tried to allocate 2.00 GiB"):
         offspec.load(str(target), str(draft))
@@ -128,7 +128,7 @@ def test_out_of_memory_at_the_warm_up_is_one_line(tiny_dirs, monkeypatch):
 def test_bench_names_the_gpu_it_ran_on(two_gpus):
     from types import SimpleNamespace
 
-    from offspec.bench import environment
+    from offspec.cli.bench import environment
 
     info = SimpleNamespace(target="t", draft="d", device="cuda:1", dtype="float16", extra={})
     assert environment(SimpleNamespace(info=info))["gpu"] == "Fake GPU 1"

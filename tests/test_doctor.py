@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import offspec.profile.hardware as hardware
+from offspec.cli.doctor import main
 from offspec.doctor import FAIL, PASS, SKIP, checks, logits, overlap, run_checks, streaming
-from offspec.doctor.cli import main
 from offspec.errors import OffspecError
 
 CPU, CUDA0 = torch.device("cpu"), torch.device("cuda", 0)
@@ -134,7 +134,7 @@ def test_the_device_check_on_a_gpu(monkeypatch):
 
 
 def test_the_layer_size_is_the_models_or_a_70b_shaped_one(monkeypatch, tiny_dirs):
-    import offspec.sources
+    import offspec.models.sources
 
     target = tiny_dirs[("llama", 0)][0]
     size, what = streaming.layer_size(str(target), torch.float32, lambda e: None)
@@ -145,7 +145,7 @@ def test_the_layer_size_is_the_models_or_a_70b_shaped_one(monkeypatch, tiny_dirs
     def not_set_up(*args, **kwargs):
         raise OffspecError("run offspec setup")
 
-    monkeypatch.setattr(offspec.sources, "resolve_model", not_set_up)
+    monkeypatch.setattr(offspec.models.sources, "resolve_model", not_set_up)
     size, what = streaming.layer_size(None, torch.bfloat16, lambda e: None)
     assert size == pytest.approx(1.71e9, rel=0.01) and "70B-shaped" in what and "run offspec setup" in what
 

@@ -1,4 +1,4 @@
-"""The draft's reduced vocabulary (offspec/draft_vocab.py): which rows are kept, the reduced head's numbers and
+"""The draft's reduced vocabulary (offspec/models/draft_vocab.py): which rows are kept, the reduced head's numbers and
 memory, and that a draft proposing only those tokens leaves the output exactly the target's (greedy and sampled).
 
 Tiers 1-2: a fake tokenizer and ranks tables in a temp config dir; random ggml rows; tiny GGUF and float pairs."""
@@ -11,15 +11,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers.tiny import make_tokenizer
+from helpers.tiny_gguf import mapped_file, random_blocks, save_tiny_gguf
 
 import offspec
 from offspec import OffspecError
 from offspec.config import LoadConfig, SamplingConfig
-from offspec.draft_vocab import (RANKS_FORMAT, SubsetHead, choose_ids, find_ranks, head_rows, reduce_draft_head,
-                                 restrict_head, vocab_fingerprint)
 from offspec.formats.modules import QLinear
-from tiny import make_tokenizer
-from tiny_gguf import mapped_file, random_blocks, save_tiny_gguf
+from offspec.models.draft_vocab import (RANKS_FORMAT, SubsetHead, choose_ids, find_ranks, head_rows, reduce_draft_head,
+                                        restrict_head, vocab_fingerprint)
 
 LOAD = dict(max_context=256, max_budget=64)
 
@@ -91,8 +91,8 @@ def test_a_bad_setting_is_one_line_before_loading(value):
 
 
 def test_the_cli_flag_reaches_the_loader():
-    from offspec.cli import _parser
-    from offspec.cli_args import load_options
+    from offspec.cli.args import load_options
+    from offspec.cli.main import _parser
 
     args = _parser().parse_args(["generate", "--draft-vocab", "4096", "hi"])
     assert load_options(args)["draft_vocab"] == "4096"  # checked by LoadConfig (a bad value: test_cli_robust)
@@ -128,7 +128,7 @@ def test_the_reduced_head_gives_the_full_heads_rows_bit_for_bit(type_name):
 def test_a_new_conversation_refreshes_a_head_half_full_of_earlier_tokens():
     from types import SimpleNamespace
 
-    from offspec.runner import ModelRunner
+    from offspec.spec.runner import ModelRunner
 
     head = torch.nn.Linear(4, 40, bias=False)
     sub = SubsetHead(head, torch.tensor([0, 1]), 40, extra=8)
@@ -248,7 +248,7 @@ def test_a_float_draft_is_reduced_and_a_head_that_cannot_be_is_refused_or_kept(t
     assert gen.generate("Hi", max_new_tokens=16, budget=16, drafter="model").token_ids == plain.token_ids
 
     # transformers' own assisted generation drives the draft's forward: full-vocabulary logits, -inf off the rows
-    from offspec.bench import parse_setups, run_bench
+    from offspec.cli.bench import parse_setups, run_bench
 
     report = run_bench(gen, ["Hi"], parse_setups("ar,hf", gen.tree), max_new_tokens=8, temperature=0.0,
                        out_dir=config_dir)
@@ -269,8 +269,9 @@ def test_a_float_draft_is_reduced_and_a_head_that_cannot_be_is_refused_or_kept(t
 
 
 def test_the_placement_charges_a_reduced_heads_logits_and_the_fitted_prefill():
+    from helpers.tiny import tiny_config
+
     from offspec.offload.estimates import DRAFT_LOGIT_ROWS, activation_bytes, draft_headroom, kv_cache_bytes
-    from tiny import tiny_config
 
     cfg = tiny_config("qwen2", vocab_size=1000)
     slots = 256 + 2 * 17 + 64

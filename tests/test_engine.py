@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import offspec
-from offspec.runner import ModelRunner
-from offspec.sampling import TokenChooser
 from offspec.config import SamplingConfig, TreeConfig
+from offspec.spec.runner import ModelRunner
+from offspec.spec.sampling import TokenChooser
 
 PROMPTS = ["Hello", "def f(x):\n    return", "The quick brown fox"]
 
@@ -166,7 +166,7 @@ def test_a_kv_cache_costs_memory_only_for_the_slots_written():
     heap that calloc had to zero cost a 16-token generate 0.6 GB more in some runs than in others)."""
     import psutil
 
-    from offspec.kvcache import SlotKVCache
+    from offspec.spec.kvcache import SlotKVCache
 
     proc = psutil.Process()
     cache = SlotKVCache(num_layers=4, capacity=500_000)  # 4 layers x (1, 2, 500k, 64) float32 x K and V: 2 GB

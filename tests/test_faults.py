@@ -8,7 +8,7 @@ command run again works.
 
 Sections: the profile JSON, directories (offload, cache, config), interrupts (SIGINT / SIGKILL), and a
 place for the weight files (safetensors, packed layer files, GGUF). The chat history DB has its own file
-(tests/test_faults_history.py); the helpers both use are in tests/faults.py.
+(tests/test_faults_history.py); the helpers both use are in tests/helpers/faults.py.
 Read-only places use a read-only bind mount (root) or chmod (other users); where neither works the test
 is skipped with the reason shown. A full disk is a small tmpfs where one can be mounted, else SQLite's
 max_page_count or a write that raises ENOSPC.
@@ -25,8 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from faults import assert_no_temps, assert_one_line_error, fill, read_only, run, small_disk
+from helpers.faults import assert_no_temps, assert_one_line_error, fill, read_only, run, small_disk
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +62,9 @@ def streamed(tmp_path_factory):
     """A 6-layer tiny pair and the flags that stream most of its target's layers: (pair, flags, reference)."""
     import re
 
+    from helpers.tiny import save_tiny_model
+
     import offspec
-    from tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("streamed")
     target = save_tiny_model(root / "target", arch="qwen2", seed=3, logit_scale=3.0, layers=6)
@@ -315,7 +315,7 @@ def test_interrupted_reply_then_restart(pair, places, reference_tokens, sig):
 
 @pytest.fixture(scope="module")
 def gguf_pair(tmp_path_factory):
-    from tiny_gguf import save_tiny_gguf
+    from helpers.tiny_gguf import save_tiny_gguf
 
     root = tmp_path_factory.mktemp("gguf-pair")
     target = save_tiny_gguf(root / "target.gguf", "qwen2", seed=0, layers=4)

@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from faults import assert_no_temps, fill, read_only, small_disk
-
+from helpers.faults import assert_no_temps, fill, read_only, small_disk
 
 # == the chat history DB ===========================================================================
 

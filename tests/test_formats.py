@@ -7,17 +7,17 @@ import importlib.util
 import os
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
 import torch.utils._python_dispatch
+from helpers.tiny_gguf import random_blocks
 
-import gguf
 from offspec.formats import kernels
 from offspec.formats.dequant import dequantize as torch_dequantize
 from offspec.formats.ggml import KERNEL_NAMES, ggml_type
 from offspec.formats.quantize import quantize_rows, weight_type
-from tiny_gguf import random_blocks
 
 INTEGER = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # activations quantized to 8 bits
 
@@ -126,7 +126,7 @@ def test_no_activation_rows_give_an_empty_product(type_name):
 
 def test_activation_rounding_error_is_small_on_smooth_weights():
     """The 8-bit activation blocks are the kernels' only rounding beyond float32: about 0.5% of the output."""
-    from tiny_gguf import encode
+    from helpers.tiny_gguf import encode
 
     rng = np.random.default_rng(3)
     w = rng.normal(0, 0.2, (256, 1024)).astype(np.float32)
@@ -216,7 +216,7 @@ def test_profiles_are_keyed_by_the_kernel_build(monkeypatch):
 
 
 def test_the_kernels_dir_follows_its_own_variable_else_the_cache_dir(monkeypatch, tmp_path):
-    from offspec.paths import kernels_dir
+    from offspec.util.paths import kernels_dir
 
     monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("OFFSPEC_KERNELS_DIR", raising=False)

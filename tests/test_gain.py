@@ -1,4 +1,4 @@
-"""Tier 1: per-pass tree size by expected gain (offspec/gain.py), the suffix drafter's cut, and the gated
+"""Tier 1: per-pass tree size by expected gain (offspec/spec/gain.py), the suffix drafter's cut, and the gated
 auto policy, on scripted numbers and token text with exact expectations."""
 
 import math
@@ -6,12 +6,12 @@ import math
 import pytest
 
 from offspec import OffspecError
-from offspec.config import SuffixConfig, TreeConfig
-from offspec.gain import ContinuationRates, PassCost, best_prefix
+from offspec.config import PassCost, SuffixConfig, TreeConfig
 from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
 from offspec.profile.curves import AcceptanceCurve, CostCurve
 from offspec.profile.planner import PairCosts, PlannerConfig
-from offspec.suffix_drafter import SuffixDrafter
+from offspec.spec.gain import ContinuationRates, best_prefix
+from offspec.spec.suffix_drafter import SuffixDrafter
 from offspec.types import PassStats
 
 CPU = PassCost(base=1.0, per_node=0.3)  # a compute-bound pass: each node costs 30% of a plain pass

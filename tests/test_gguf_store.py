@@ -1,7 +1,7 @@
 """A GGUF stays in its own ggml blocks: conversion into the weight store, exact weights, loading (resident and
 streamed), losslessness of speculation, damage detection, interrupted conversions and early refusals.
 
-Tier 2: tiny random GGUFs written by tests/tiny_gguf.py (Q4_K/Q6_K like a Q4_K_M file, plus other types)."""
+Tier 2: tiny random GGUFs written by tests/helpers/tiny_gguf.py (Q4_K/Q6_K like a Q4_K_M file, plus other types)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.tiny_gguf import mapped_file, save_tiny_gguf
 
 import offspec
 from offspec import OffspecError
-from offspec.convert import MANIFEST, converted_dir, ensure_converted, gguf_key, verify_entry
 from offspec.formats import kernels
 from offspec.formats.dequant import dequantize as torch_dequantize
 from offspec.formats.ggml import KERNEL_TYPES
 from offspec.formats.modules import QEmbedding, QLinear
-from tiny_gguf import mapped_file, save_tiny_gguf
+from offspec.models.convert import ensure_converted
+from offspec.store.entry import MANIFEST, converted_dir, gguf_key, verify_entry
 
 LOAD = dict(max_context=256, max_budget=64)
 
@@ -242,7 +243,7 @@ def test_an_old_float32_entry_is_removed(cache, ggufs):
 
 
 def test_an_interrupted_conversion_leaves_no_temp_and_dead_temps_are_removed(cache, ggufs, monkeypatch):
-    from offspec.offload import packed
+    from offspec.store import packed
 
     real = packed.write_layer
     calls = []
@@ -299,8 +300,7 @@ def test_quant_flags_on_a_gguf_and_nf4_on_a_cpu_are_refused_before_loading(cache
 
 def test_a_tensor_type_without_a_kernel_is_stored_decoded_with_a_note(cache, tmp_path):
     import gguf as gguf_py
-
-    from tiny_gguf import random_blocks
+    from helpers.tiny_gguf import random_blocks
 
     src = save_tiny_gguf(tmp_path / "iq.gguf", "qwen2", seed=4, types={"v": "IQ4_NL"})
     events = []

@@ -23,7 +23,7 @@ CHECK = r"""
 import json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
 import numpy as np, torch
-from tiny_gguf import random_blocks
+from helpers.tiny_gguf import random_blocks
 from offspec.formats import gpu_kernels
 from offspec.formats.dequant import dequantize
 from offspec.formats.ggml import ggml_type

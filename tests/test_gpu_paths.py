@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from offspec.offload.diskio import aligned_empty
-from offspec.offload.packed import HEADER, build_store, plan_layer, tensor_views
 from offspec.offload.streamer import LayerSource, LayerStreamer
 from offspec.offload.streams import DONE, Event, Streams
+from offspec.store.packed import HEADER, build_store, plan_layer, tensor_views
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -91,8 +91,8 @@ def test_copies_run_on_the_copy_stream_after_the_slot_is_free_with_blocking_even
 
 
 def test_the_engine_and_profiler_clocks_wait_for_the_compute_stream_only(fake_cuda):
-    from offspec.engine import _clock
     from offspec.profile.timing import timed
+    from offspec.spec.engine import _clock
 
     _clock(CUDA1)
     assert fake_cuda["compute"].log == [("synchronize",)]

@@ -11,8 +11,8 @@ from offspec import OffspecError
 from offspec.offload import hostmem
 from offspec.offload.config import HOST_RESERVE, OffloadConfig
 from offspec.offload.hostmem import PAGE, host_buffer, page_round, pinned_bytes
-from offspec.offload.packed import HEADER
 from offspec.offload.placement import ModelSizes, plan_placement, ram_bytes
+from offspec.store.packed import HEADER
 
 
 class FakeRuntime:

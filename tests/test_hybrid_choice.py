@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from offspec.config import SuffixConfig, TreeConfig
+from offspec.config import PassCost, SuffixConfig, TreeConfig
 from offspec.errors import OffspecError
-from offspec.gain import PassCost
-from offspec.hybrid import HybridDrafter
-from offspec.suffix_drafter import SuffixDrafter
-from offspec.tree import DraftTree
+from offspec.spec.hybrid import HybridDrafter
+from offspec.spec.suffix_drafter import SuffixDrafter
+from offspec.spec.tree import DraftTree
 
 
 class ScriptedModel:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.tiny_gguf import random_blocks
 
 from offspec.errors import OffspecError
 from offspec.formats import kernels
 from offspec.formats.ggml import ggml_type
 from offspec.progress import no_progress
-from tiny_gguf import random_blocks
 
 INTEGER = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 

@@ -1,20 +1,20 @@
 """Whole decoder layers in one compiled call (offspec/formats/layers.py, csrc/layer.h): what they compute, that a
 runner's passes use them, that every row is computed from its own tokens alone, and where they do not apply.
 
-Tier 2: tiny random GGUFs (tests/tiny_gguf.py); losslessness on them is tests/test_gguf_store.py's, whose pairs run
+Tier 2: tiny random GGUFs (tests/helpers/tiny_gguf.py); losslessness on them is tests/test_gguf_store.py's, whose pairs run
 the compiled layers too."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers.tiny_gguf import save_tiny_gguf
 
 import offspec
 from offspec.formats import kernels
 from offspec.formats.layers import install, unsupported
 from offspec.formats.modules import QLinear
-from offspec.runner import COMPILED_MAX_TOKENS
-from tiny_gguf import save_tiny_gguf
+from offspec.spec.runner import COMPILED_MAX_TOKENS
 
 LOAD = dict(max_context=256, max_budget=64)
 PROMPT = [5, 9, 33, 70, 71, 72, 100, 3, 44, 120, 7, 18, 64]

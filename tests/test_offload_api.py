@@ -6,14 +6,14 @@ import pytest
 
 import offspec
 from offspec import OffspecError
-from offspec.cli import _parser, load_options, main
+from offspec.cli.main import _parser, load_options, main
 
 
 @pytest.fixture(scope="module")
 def deep_targets(tmp_path_factory):
     """6-layer targets for the tiny_dirs drafts (same byte tokenizer). The tiny_dirs targets have 2 layers: once
     the 2-slot ring fits, both layers fit too, so a correct placement never streams them."""
-    from tiny import save_tiny_model
+    from helpers.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("deep")
     return {arch: save_tiny_model(root / arch, arch=arch, seed=0, logit_scale=3.0, layers=6)
@@ -108,7 +108,7 @@ def test_cli_offload_flags_become_load_options():
 
 
 def test_bench_with_a_streamed_target_counts_bytes_and_stays_lossless(tiny_dirs, deep_targets, tmp_path):
-    from offspec.bench import parse_setups, run_bench
+    from offspec.cli.bench import parse_setups, run_bench
     from offspec.config import TreeConfig
 
     target, draft = deep_targets["llama"], tiny_dirs[("llama", 0)][1]

@@ -2,13 +2,14 @@
 
 import json
 
-from offspec.offload.bench import main
+from offspec.cli.bench_offload import main
 
 
 def test_bench_offload_writes_json_and_plot(tiny_dirs, tmp_path, capsys, monkeypatch):
-    import offspec.offload.bench as bench
+    from helpers.tiny import save_tiny_model
+
+    import offspec.cli.bench_offload as bench
     import offspec.offload.materialize as materialize
-    from tiny import save_tiny_model
 
     streamers, closed_when_accelerate_loads = [], []
 

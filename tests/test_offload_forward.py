@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from offspec import OffspecError
-from offspec.cpu_linear import speed_up_cpu_linears
 from offspec.doctor.logits import passes as _passes  # a causal prefill, then a 5-node tree: both logits
-from offspec.loading import load_model
+from offspec.formats.cpu_linear import speed_up_cpu_linears
+from offspec.models.loading import load_model
+from offspec.models.sources import ResolvedModel
 from offspec.offload.config import OffloadConfig
 from offspec.offload.model import load_offloaded
 from offspec.offload.quant import dequantize_weight, quantize_weight
-from offspec.sources import ResolvedModel
 
 CPU = torch.device("cpu")
 TIERS = {
@@ -23,7 +23,7 @@ TIERS = {
 
 @pytest.fixture(scope="module")
 def four_layer_dirs(tmp_path_factory):
-    from tiny import save_tiny_model
+    from helpers.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("offload-models")
     return {arch: save_tiny_model(root / arch, arch=arch, seed=3, layers=4) for arch in ("llama", "qwen2")}

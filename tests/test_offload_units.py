@@ -8,15 +8,14 @@ import pytest
 import torch
 
 from offspec import OffspecError
-from offspec.offload.config import OffloadConfig
 from offspec.offload import diskio
+from offspec.offload.config import OffloadConfig
 from offspec.offload.diskio import FileReader, aligned_empty
 from offspec.offload.hostmem import page_round
-from offspec.offload.packed import (HEADER, StoreInvalid, build_store, ensure_store, open_store, plan_layer,
-                                    tensor_views)
 from offspec.offload.placement import ModelSizes, plan_placement, ram_bytes, spread
-from offspec.offload.sizes import format_size, parse_size
 from offspec.offload.streamer import LayerSource, LayerStreamer
+from offspec.store.packed import HEADER, StoreInvalid, build_store, ensure_store, open_store, plan_layer, tensor_views
+from offspec.util.sizes import format_size, parse_size
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

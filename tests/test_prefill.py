@@ -10,14 +10,14 @@ import offspec
 from offspec import OffspecError
 from offspec.offload.estimates import activation_bytes
 from offspec.offload.prefill import largest_chunk
-from offspec.runner import PREFILL_CHUNK, ModelRunner
+from offspec.spec.runner import PREFILL_CHUNK, ModelRunner
 
 PROMPT = "Tell me everything about caches. " * 24  # 792 characters: about 800 tokens (one byte each)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from tiny import save_tiny_model
+    from helpers.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("prefill")
     target = save_tiny_model(root / "target", arch="llama", seed=0, logit_scale=3.0, layers=6, max_pos=2048)

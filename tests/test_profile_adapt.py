@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from offspec.bench import parse_setups, run_bench
+from offspec.cli.bench import parse_setups, run_bench
 from offspec.config import TreeConfig
 from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
 from offspec.profile.curves import AcceptanceCurve, CostCurve

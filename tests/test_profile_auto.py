@@ -11,7 +11,7 @@ import pytest
 
 import offspec
 from offspec import OffspecError
-from offspec.profile.cli import profile_main
+from offspec.cli.profile import profile_main
 from offspec.profile.store import find_profile, fingerprint, load_profile, save_profile
 
 ROOT = Path(__file__).parent.parent

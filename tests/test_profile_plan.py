@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from offspec import OffspecError
+from offspec.cli.profile import plan_main
 from offspec.profile.auto import prior_acceptance
-from offspec.profile.cli import plan_main
 from offspec.profile.projection import parse_params, project, shape_of
 from offspec.profile.store import load_profile
 

@@ -10,10 +10,10 @@ import logging
 import httpx
 import openai
 import pytest
+from helpers.serving import live_server
 
 import offspec
 from offspec.serve import ServeConfig
-from serving import live_server
 
 OPTIONS = dict(dtype="float64", max_context=256, max_budget=64, budget=8)
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -6,10 +6,10 @@ import signal
 import socket
 
 import openai
-
-from offspec.cli import main
-from serving import cli_server
+from helpers.serving import cli_server
 from test_cli import run
+
+from offspec.cli.main import main
 
 
 def one_error_line(capsys, *args) -> str:

@@ -10,8 +10,7 @@ import sys
 
 import openai
 import pytest
-
-from serving import cli_server
+from helpers.serving import cli_server
 from test_cli import ROOT
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."

@@ -15,10 +15,10 @@ import httpx
 import openai
 import psutil
 import pytest
+from helpers.serving import live_server, wait_until
 
 import offspec
 from offspec.serve import ServeConfig
-from serving import live_server, wait_until
 from tui.fake import FakeGenerator
 
 LONG = [{"role": "user", "content": "long"}]

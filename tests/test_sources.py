@@ -12,17 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from helpers.faults import one_line
+from helpers.tiny import BASE_VOCAB, save_tiny_model
 from transformers import AutoTokenizer
 
-from offspec import convert
-from offspec.convert import MANIFEST, ensure_converted, gguf_key, verify_entry
 from offspec.errors import OffspecError
-from offspec.loading import check_same_tokenizer, load_model, load_pair, load_tokenizer
+from offspec.models import convert
+from offspec.models.convert import ensure_converted
+from offspec.models.loading import check_same_tokenizer, load_model, load_pair, load_tokenizer
+from offspec.models.sources import ResolvedModel, resolve_model
 from offspec.offload.config import OffloadConfig
-from offspec.sources import ResolvedModel, resolve_model
-from faults import one_line
-from tiny import BASE_VOCAB, save_tiny_model
+from offspec.store import entry
+from offspec.store.entry import MANIFEST, gguf_key, verify_entry
+from offspec.util.hf import quiet_transformers
 
 F32 = torch.float32
 CPU = torch.device("cpu")
@@ -238,7 +240,7 @@ def test_manifest_guards_the_converted_dir(tmp_path, fake_build):
     directory = ensure_converted(gguf, **kw)
     assert directory == tmp_path / "cache" / "models" / "k" and len(fake_build) == 1
     manifest = json.loads((directory / MANIFEST).read_text())
-    assert manifest["weights"] == "ggml" and manifest["format"] == convert.FORMAT_VERSION
+    assert manifest["weights"] == "ggml" and manifest["format"] == entry.FORMAT_VERSION
     assert {f["name"] for f in manifest["files"]} == {"config.json", "weights/layer-0000.bin"}
     assert all(len(f["sha256"]) == 64 and f["mtime_ns"] > 0 for f in manifest["files"])
     assert ensure_converted(gguf, **kw) == directory and len(fake_build) == 1  # complete: reused
@@ -310,7 +312,7 @@ def test_gguf_conversion_keeps_the_blocks_of_a_real_model(smol, monkeypatch):
     gen = offspec.load(str(gguf), str(gguf), budget=4, max_context=128, max_budget=16)
     model = gen.engine.target.model
     assert model.lm_head.qweight is model.model.embed_tokens.qweight  # still tied: one table
-    with convert.quiet_transformers():
+    with quiet_transformers():
         reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=F32)
     ref = reference.state_dict()
     for name, module in model.named_modules():  # every weight is exactly what transformers de-quantizes
@@ -357,7 +359,7 @@ def test_converted_tokenizer_is_the_saved_pipeline(smol, monkeypatch):
     monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(smol["root"]))
     tokenizer = load_tokenizer(resolve_model(str(smol["gguf"]), "draft"))
     assert type(tokenizer).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
-    with convert.quiet_transformers():
+    with quiet_transformers():
         reference = AutoTokenizer.from_pretrained(str(smol["gguf"].parent), gguf_file=smol["gguf"].name)
     _same_tokenizer(tokenizer, reference)
 
@@ -387,7 +389,7 @@ def test_default_pair_loads(smol):
         pytest.fail(str(exc))
     assert target.name.startswith("Qwen2.5-Coder-1.5B") and draft.name.startswith("Qwen2.5-Coder-0.5B")
     check_same_tokenizer(target, draft)
-    with convert.quiet_transformers():  # the model's own tokenizer class, from the same converted entry
+    with quiet_transformers():  # the model's own tokenizer class, from the same converted entry
         _same_tokenizer(target.tokenizer, AutoTokenizer.from_pretrained(str(target.path)))
     for loaded in (target, draft):
         assert loaded.model.get_input_embeddings().num_embeddings == 151_936

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.tiny_gguf import random_blocks, save_tiny_gguf
 
 import offspec
 from offspec import OffspecError
@@ -22,7 +23,6 @@ from offspec.offload.config import OffloadConfig
 from offspec.offload.diskio import FileReader
 from offspec.offload.head import StreamedHead, chunk_crcs, chunk_rows
 from offspec.offload.placement import ModelSizes, plan_placement
-from tiny_gguf import random_blocks, save_tiny_gguf
 
 CPU = torch.device("cpu")
 Q6_K = next(i for i, t in KERNEL_TYPES.items() if t.name == "Q6_K")

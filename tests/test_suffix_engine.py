@@ -9,10 +9,9 @@ import torch
 
 import offspec
 from offspec import OffspecError
-from offspec.config import SamplingConfig, TreeConfig
-from offspec.gain import PassCost
-from offspec.runner import ModelRunner
-from offspec.sampling import TokenChooser
+from offspec.config import PassCost, SamplingConfig, TreeConfig
+from offspec.spec.runner import ModelRunner
+from offspec.spec.sampling import TokenChooser
 
 ROOT = Path(__file__).parent.parent
 # the tiny random models fall into loops, so text they wrote before comes back: the suffix index finds it
@@ -155,9 +154,9 @@ def test_cli_draft_none_and_drafter_flags(tiny_dirs, tmp_path):
 def test_the_engines_drafter_offers_everything_the_rest_of_offspec_asks_of_it():
     """`EngineDrafter` names what the generator, API, bench and profile use beyond `Drafter`; the engine's
     `HybridDrafter` has all of it, with a draft model or without."""
-    from offspec.drafter import Drafter, EngineDrafter
-    from offspec.hybrid import HybridDrafter
-    from offspec.suffix_drafter import SuffixDrafter
+    from offspec.spec.drafter import Drafter, EngineDrafter
+    from offspec.spec.hybrid import HybridDrafter
+    from offspec.spec.suffix_drafter import SuffixDrafter
 
     members = {n for n in vars(EngineDrafter) if not n.startswith("_")} | {
         n for n in vars(Drafter) if not n.startswith("_")} | set(Drafter.__annotations__)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from offspec.config import SuffixConfig, TreeConfig
-from offspec.suffix_drafter import SuffixDrafter
-from offspec.suffix_index import SEP, SuffixIndex, continuations
+from offspec.spec.suffix_drafter import SuffixDrafter
+from offspec.spec.suffix_index import SEP, SuffixIndex, continuations
 
 
 def brute_match(text, context, max_match):

@@ -4,14 +4,14 @@ import math
 
 import pytest
 import torch
+from helpers.fakes import BigramRunner
 
-from fakes import BigramRunner
 from offspec.config import SamplingConfig, TreeConfig
-from offspec.drafter import TreeDrafter
-from offspec.engine import HEAD_ROWS, SpeculativeEngine
-from offspec.sampling import TokenChooser
-from offspec.tree import DraftTree
-from offspec.verify import acceptance_walk, best_children, likely_path
+from offspec.spec.drafter import TreeDrafter
+from offspec.spec.engine import SpeculativeEngine
+from offspec.spec.sampling import TokenChooser
+from offspec.spec.tree import DraftTree
+from offspec.spec.verify import acceptance_walk, best_children, likely_path
 
 # root 0 -> 1 (.6), 2 (.4); 1 -> 3 (.9), 4 (.1); 2 -> 5 (.5), 6 (.5); 3 -> 7 (.5), 8 (.5)
 TABLE = {0: {1: .6, 2: .4}, 1: {3: .9, 4: .1}, 2: {5: .5, 6: .5}, 3: {7: .5, 8: .5}, 5: {9: 1.0}}

@@ -5,13 +5,13 @@ import random
 
 import pytest
 import torch
+from helpers.fakes import BigramRunner
 
-from fakes import BigramRunner
 from offspec.config import SuffixConfig, TreeConfig
-from offspec.drafter import TreeDrafter
-from offspec.hybrid import HybridDrafter
-from offspec.suffix_drafter import SuffixDrafter
-from offspec.tree import DraftTree, merge_trees
+from offspec.spec.drafter import TreeDrafter
+from offspec.spec.hybrid import HybridDrafter
+from offspec.spec.suffix_drafter import SuffixDrafter
+from offspec.spec.tree import DraftTree, merge_trees
 
 
 def make_tree(root, nodes, capacity=64):

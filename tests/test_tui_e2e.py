@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 
+from test_tui import chat_ready, run_app, view_texts, wait_for
 from textual.widgets import Input
+from helpers.tiny import save_tiny_model
 
 from offspec.progress import ProgressEvent
-from test_tui import chat_ready, run_app, view_texts, wait_for
-from tiny import save_tiny_model
 from tui.app import ChatApp, engine_factory
 from tui.settings import ChatSettings
 from tui.widgets import StatusLine, TreePanel

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from offspec import paths
 from offspec.errors import OffspecError
+from offspec.util import paths
 
 from .app import ChatApp, require_terminal
 from .fake import FakeGenerator, fake_factory

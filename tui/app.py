@@ -12,10 +12,11 @@ from typing import Any, Optional
 from textual.app import App
 from textual.binding import Binding
 
-from offspec import paths
+import offspec
 from offspec.errors import OffspecError
 from offspec.progress import ProgressFn
 from offspec.types import GeneratorLike
+from offspec.util import paths
 
 from .commands import ChatCommands
 from .history import HistoryStore
@@ -93,8 +94,6 @@ def engine_factory(load_options: dict[str, Any]) -> GeneratorFactory:
     options = dict(load_options)
 
     def factory(progress: ProgressFn) -> GeneratorLike:
-        import offspec
-
         load = getattr(offspec, "load", None)
         if load is None:
             raise OffspecError("this offspec installation has no engine (offspec.load is missing); reinstall offspec")

@@ -18,6 +18,8 @@ from typing import Callable, Optional
 
 import torch
 
+from offspec.progress import no_progress
+
 from .checks import FAIL, PASS, SKIP, Check, device_check, disk_check, guarded, link_check
 from .streaming import layer_size, logits_check, overlap_check
 
@@ -28,8 +30,6 @@ def run_checks(device: torch.device, dtype: torch.dtype, offload_dir: Path, targ
                quick: bool = False, on_start: Callable[[str], None] = lambda name: None,
                on_done: Callable[[Check], None] = lambda check: None, progress=None) -> list[Check]:
     """Every check in turn; `on_start(name)` before and `on_done(check)` after each (the CLI prints them)."""
-    from ..progress import no_progress
-
     progress = progress or no_progress
     copy_bytes = (64 if quick else 256) * 2**20
     results: list[Check] = []

@@ -13,9 +13,11 @@ from typing import Any, Callable
 
 import torch
 
-from ..device import default_dtype, device_name, free_memory
-from ..errors import OffspecError
-from ..offload.sizes import format_size
+from offspec.errors import OffspecError
+from offspec.offload.placement import default_budgets
+from offspec.profile.hardware import disk_read_bandwidth, host_to_device
+from offspec.util.device import default_dtype, device_name, free_memory
+from offspec.util.sizes import format_size
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 MIN_FREE_DEVICE = 10**9  # below 1 GB free there is no room for a draft, the caches and two streaming slots
@@ -60,7 +62,6 @@ def device_check(device: torch.device, dtype: torch.dtype) -> Check:
     """The device, its free memory and compute capability, the dtype offspec computes in, the default budgets."""
     import psutil
 
-    from ..offload.placement import default_budgets
 
     dtype_name = str(dtype).removeprefix("torch.")
     dev_budget, ram_budget = default_budgets(device)
@@ -92,8 +93,6 @@ def link_check(device: torch.device, nbytes: int) -> Check:
     name = "host->device copies"
     if device.type != "cuda":
         return needs_cuda(name, device)
-    from ..profile.hardware import host_to_device
-
     pinned, pageable = host_to_device(device, nbytes, repeats=5)
     figures = {"pinned": pinned, "pageable": pageable, "bytes": nbytes}
     text = (f"{pinned / 1e9:.1f} GB/s pinned, {pageable / 1e9:.1f} GB/s pageable "
@@ -109,8 +108,6 @@ def link_check(device: torch.device, nbytes: int) -> Check:
 
 def disk_check(directory: Path, nbytes: int) -> Check:
     """Read speed of a fresh file in the offload directory, page cache bypassed (as the SSD tier reads)."""
-    from ..profile.hardware import disk_read_bandwidth
-
     rate, how = disk_read_bandwidth(directory, nbytes)
     mode = "O_DIRECT" if how == "direct" else "buffered: this file system refuses O_DIRECT"
     figures = {"read": rate, "mode": how, "directory": str(directory), "bytes": nbytes}

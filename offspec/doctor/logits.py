@@ -11,6 +11,13 @@ from pathlib import Path
 
 import torch
 
+from offspec.formats.cpu_linear import speed_up_cpu_linears
+from offspec.models.sources import ResolvedModel
+from offspec.offload.config import OffloadConfig
+from offspec.offload.model import load_offloaded
+from offspec.spec.runner import ModelRunner
+from offspec.util.hf import quiet_transformers
+
 TIERS = ("device", "ram", "ssd", "ssd")
 
 
@@ -18,7 +25,6 @@ def save_random_llama(path: Path, seed: int = 0) -> Path:
     """A 4-layer random Llama (hidden 128, vocab 512) saved as safetensors, without a tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..convert import quiet_transformers
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=len(TIERS),
@@ -36,8 +42,6 @@ def save_random_llama(path: Path, seed: int = 0) -> Path:
 def passes(model) -> list[torch.Tensor]:
     """Logits of a 9-token causal prefill, then of a 5-node tree over it (siblings share positions), in the
     model's dtype, on the host (also what tests/test_offload_forward.py compares)."""
-    from ..runner import ModelRunner
-
     runner = ModelRunner(model, capacity=64)
     device = runner.device
     ids = torch.tensor([5, 9, 33, 70, 71, 72, 100, 3, 44], device=device)  # (9,)
@@ -63,11 +67,6 @@ def passes(model) -> list[torch.Tensor]:
 
 def compare(device: torch.device, dtype: torch.dtype, workdir: Path) -> dict:
     """Resident vs streamed logits of the random Llama on `device` in `dtype`: equal, and the largest difference."""
-    from ..cpu_linear import speed_up_cpu_linears
-    from ..offload.config import OffloadConfig
-    from ..offload.model import load_offloaded
-    from ..sources import ResolvedModel
-
     resolved = ResolvedModel(name="random-llama", path=save_random_llama(workdir / "random-llama"), kind="local")
     config = OffloadConfig(offload_dir=workdir / "packed", pack_always=True, max_context=64, max_budget=16)
     models, handles = [], []

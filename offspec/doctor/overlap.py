@@ -19,10 +19,10 @@ from dataclasses import replace
 
 import torch
 
-from ..device import sync_compute
-from ..offload.diskio import aligned_empty
-from ..offload.packed import LayerSpec, layer_file
-from ..offload.streamer import LayerSource, LayerStreamer
+from offspec.offload.diskio import aligned_empty
+from offspec.offload.streamer import LayerSource, LayerStreamer
+from offspec.store.packed import LayerSpec, layer_file
+from offspec.util.device import sync_compute
 
 MATMUL = 2048  # side of the square matmuls standing in for a layer's compute
 

@@ -6,10 +6,17 @@ from typing import Optional
 
 import torch
 
-from ..errors import OffspecError
-from ..offload.packed import StoreInvalid
-from ..offload.sizes import format_size
+from offspec.errors import OffspecError
+from offspec.models.sources import resolve_model
+from offspec.offload.skeleton import from_checkpoint
+from offspec.store.entry import store_key
+from offspec.store.packed import StoreInvalid, open_store
+from offspec.util.device import free_memory
+from offspec.util.sizes import format_size
+
 from .checks import FAIL, PASS, Check, needs_cuda
+from .logits import compare_in_temp
+from .overlap import measure_overlap
 
 MIN_OVERLAP = 0.7  # share of the shorter of copy and compute hidden behind the other
 STREAM_GOAL = 0.9  # the streamer's own copies should reach 90% of a raw pinned copy
@@ -20,11 +27,6 @@ SEVENTY_B_LAYER = 2 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 
 def layer_size(target: Optional[str], dtype: torch.dtype, progress) -> tuple[int, str]:
     """(bytes, what) of the largest decoder layer of `target` (None: the built-in target) in `dtype`, as the
     streamer moves it; a 70B-shaped layer where the model cannot be resolved without work the user did not ask for."""
-    from ..convert import store_key
-    from ..offload.packed import open_store
-    from ..offload.skeleton import from_checkpoint
-    from ..sources import resolve_model
-
     try:
         resolved = resolve_model(target, "target", progress=progress)
         if resolved.store is not None:  # a converted GGUF: its layers stream as the stored blocks
@@ -44,7 +46,6 @@ def fitting_size(device: torch.device, layer_bytes: int, ring_slots: int = 2) ->
     device memory or one pinned copy more than a quarter of the available RAM; a multiple of 4 KiB."""
     import psutil
 
-    from ..device import free_memory
 
     room = psutil.virtual_memory().available // 4
     if device.type == "cuda":
@@ -55,8 +56,6 @@ def fitting_size(device: torch.device, layer_bytes: int, ring_slots: int = 2) ->
 
 def overlap_check(device: torch.device, dtype: torch.dtype, layer_bytes: int, what: str,
                   pinned_bandwidth: Optional[float], quick: bool) -> Check:
-    from .overlap import measure_overlap
-
     name = "copy/compute overlap"
     if device.type != "cuda":
         return needs_cuda(name, device)
@@ -81,8 +80,6 @@ def overlap_check(device: torch.device, dtype: torch.dtype, layer_bytes: int, wh
 
 
 def logits_check(device: torch.device, dtype: torch.dtype) -> Check:
-    from .logits import compare_in_temp
-
     name = "streamed == resident"
     c = compare_in_temp(device, dtype)
     where = f"random 4-layer Llama, layers {'/'.join(c['tiers'])}, {c['dtype']} on {device}"

@@ -16,7 +16,6 @@ import torch
 
 from .ggml import KERNEL_TYPES
 
-
 _CONSTANTS: dict[tuple, torch.Tensor] = {}  # (values, shape, dtype, device) -> a small constant tensor
 
 

@@ -49,7 +49,7 @@ class TensorPlan:
     permute: Optional[tuple[int, int]] = None  # (heads, kv heads): llama q/k row reorder
 
     def entry(self) -> tuple:
-        """The packed-file layout entry of this tensor (offspec.offload.packed.plan_layer)."""
+        """The packed-file layout entry of this tensor (offspec.store.packed.plan_layer)."""
         if self.lowbit:
             return (self.name, torch.uint8, (self.rows, KERNEL_TYPES[self.ggml].row_bytes(self.cols)), self.ggml,
                     self.cols)

@@ -20,6 +20,8 @@ from typing import Optional
 
 import torch
 
+from offspec.errors import OffspecError
+
 from .ggml import KERNEL_TYPES
 
 VARIABLE = "OFFSPEC_CUDA_KERNELS"
@@ -39,8 +41,6 @@ def wanted() -> bool:
 
 @functools.lru_cache(maxsize=4)
 def _wanted(value: str) -> bool:
-    from ..errors import OffspecError
-
     choice = value.strip().lower() or "torch"
     if choice not in ("torch", "triton"):
         raise OffspecError(f"{VARIABLE}={choice}: use torch (decode with torch, then matmul) or triton")

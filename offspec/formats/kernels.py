@@ -20,9 +20,10 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import OffspecError
-from ..paths import kernels_dir
-from ..progress import ProgressEvent, ProgressFn, no_progress
+from offspec.errors import OffspecError
+from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.util.paths import kernels_dir
+
 from .dequant import dequantize as torch_dequantize
 
 CSRC = Path(__file__).parent / "csrc"

@@ -27,7 +27,8 @@ from typing import Any, Iterator, NamedTuple, Optional
 import torch
 from torch import nn
 
-from ..errors import OffspecError
+from offspec.errors import OffspecError
+
 from . import kernels
 from .modules import QLinear
 

@@ -18,7 +18,8 @@
 - bench.py      `offspec bench offload`
 """
 
+from offspec.util.sizes import format_size, parse_size
+
 from .config import OffloadConfig
-from .sizes import format_size, parse_size
 
 __all__ = ["OffloadConfig", "format_size", "parse_size"]

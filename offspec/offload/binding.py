@@ -13,7 +13,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .packed import LayerSpec, dtype_of
+from offspec.formats.cpu_linear import _skinny_forward
+from offspec.store.packed import LayerSpec, dtype_of
 
 
 def as_compute(view: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
@@ -74,9 +75,7 @@ def attach_streaming(layer: nn.Module, index: int, streamer, binding: LayerBindi
 
 
 def skinny_cpu_linears(layer: nn.Module) -> None:
-    """The CPU engine's faster few-row matmul (offspec.cpu_linear) for a layer whose weights are bound later."""
-    from ..cpu_linear import _skinny_forward
-
+    """The CPU engine's faster few-row matmul (offspec.formats.cpu_linear) for a layer whose weights are bound later."""
     for module in layer.modules():
         if isinstance(module, nn.Linear):
             module.forward = types.MethodType(_skinny_forward, module)

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ..convert import MANIFEST
-from ..errors import OffspecError
-
+from offspec.errors import OffspecError
+from offspec.store.entry import MANIFEST
 
 
 def _reason(exc: BaseException) -> str:

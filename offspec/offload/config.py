@@ -6,12 +6,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import OffspecError
-from ..config import QUANTS
-from ..paths import cache_dir
-from ..writable import check_writable_dir
+from offspec.config import QUANTS
+from offspec.errors import OffspecError
+from offspec.util.paths import cache_dir
+from offspec.util.sizes import parse_optional_size
+from offspec.util.writable import check_writable_dir
+
 from .estimates import PREFILL_TOKENS
-from .sizes import parse_optional_size
 
 RING_SLOTS = 2  # device slots the streamed layers rotate through (>= 2: one computes while the next loads)
 STAGING_BUFFERS = 2  # host staging buffers the SSD reader fills ahead of the copies

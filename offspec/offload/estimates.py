@@ -61,7 +61,7 @@ def draft_headroom(config: Any, max_context: int, max_budget: int, elem: int, pr
                    head_rows: Optional[int] = None) -> int:
     """KV cache and activations of the draft (its cache also keeps scratch slots for the growing tree): its prefill
     passes hold at most `prefill_tokens` tokens (offspec.api sizes its chunks alike), and its logits rows have
-    `head_rows` entries (a reduced head, offspec/draft_vocab.py; None: the vocabulary)."""
+    `head_rows` entries (a reduced head, offspec/models/draft_vocab.py; None: the vocabulary)."""
     ctx = context_limit(config, max_context)
     slots = ctx + 2 * (max_budget + 1) + 64  # as offspec.api sizes the draft's cache
     tokens = min(prefill_tokens, PREFILL_TOKENS, ctx)

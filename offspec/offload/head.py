@@ -24,10 +24,11 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import OffspecError
-from ..formats import kernels
-from ..formats.ggml import KERNEL_TYPES
-from ..formats.modules import QLinear
+from offspec.errors import OffspecError
+from offspec.formats import kernels
+from offspec.formats.ggml import KERNEL_TYPES
+from offspec.formats.modules import QLinear
+
 from .diskio import ALIGN, FileReader, aligned_empty
 
 CHUNK_BYTES = 8 * 2**20  # about this many weight bytes per read (whole 4 KiB-aligned runs of rows)

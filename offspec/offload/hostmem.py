@@ -20,8 +20,8 @@ from typing import Optional
 
 import torch
 
-from ..errors import OffspecError
-from .sizes import format_size
+from offspec.errors import OffspecError
+from offspec.util.sizes import format_size, parse_size
 
 PAGE = max(mmap.PAGESIZE, 4096)  # O_DIRECT needs 4 KiB alignment; mappings are page-aligned
 HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context of the process
@@ -112,8 +112,6 @@ def runtime_bytes(exclude: int = 0) -> int:
 
     given = os.environ.get("OFFSPEC_RUNTIME_MEM")
     if given:
-        from .sizes import parse_size
-
         return parse_size(given, "OFFSPEC_RUNTIME_MEM")
     if _measured[0] is None:
         _measured[0] = max(0, measure_anonymous() - exclude)

@@ -20,15 +20,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import OffspecError
-from ..formats.modules import QEmbedding, QLinear
-from ..progress import ProgressEvent, ProgressFn
+from offspec.errors import OffspecError
+from offspec.formats.modules import QEmbedding, QLinear
+from offspec.progress import ProgressEvent, ProgressFn
+from offspec.store.packed import HEADER, LayerSpec, PackedSet, dtype_of, mark_corrupt, payload_crc
+
 from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_linears
 from .checkpoint import Checkpoint
 from .config import OffloadConfig
 from .diskio import FileReader, aligned_empty
 from .head import StreamedHead, chunk_crcs
-from .packed import HEADER, LayerSpec, PackedSet, dtype_of, mark_corrupt, payload_crc
 from .placement import Placement
 from .skeleton import Skeleton
 from .streamer import LayerSource, LayerStreamer

@@ -25,21 +25,25 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
-from ..errors import OffspecError
-from ..formats.modules import QEmbedding, QLinear, weight_format_summary
-from ..formats.quantize import quantize_rows
-from ..paths import cache_dir
-from ..progress import ProgressEvent, ProgressFn, no_progress
+from offspec.errors import OffspecError
+from offspec.formats import kernels
+from offspec.formats.modules import QEmbedding, QLinear, weight_format_summary
+from offspec.formats.quantize import quantize_rows
+from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.store.entry import MANIFEST, store_key
+from offspec.store.packed import HEADER, LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corrupt, open_store
+from offspec.types import LoadedModel
+from offspec.util.paths import cache_dir
+
 from .checkpoint import Checkpoint
 from .config import WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
 from .head import StreamedHead, head_bytes_per_read
 from .hostmem import runtime_bytes as measured_runtime
-from .packed import HEADER, LayerSpec, PackedSet, StoreInvalid, ensure_store, mark_corrupt, open_store
+from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
 from .placement import ModelSizes, Placement, forced, plan_placement
 from .quant import BLOCKSIZE, quantize_weight
 from .skeleton import Skeleton, from_checkpoint, from_store
-from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
 from .streamer import LayerStreamer
 
 
@@ -120,8 +124,6 @@ def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
     """Bytes of weights decoded by torch at a time (formats.kernels), where the model has low-bit weights that
     are decoded that way: on CUDA always, on a CPU only without the compiled kernels. NF4 decodes a whole
     (out, in) weight in the compute dtype: its largest one (bitsandbytes' fallback for many rows)."""
-    from ..formats import kernels
-
     if sk.quant == "nf4":
         return max((m.in_features * m.out_features * 2 for layer in sk.layers for m in layer.modules()
                     if hasattr(m, "in_features") and hasattr(m, "out_features")), default=0)
@@ -190,8 +192,6 @@ def _open_source(resolved: Any, dtype: torch.dtype, attn_implementation: str, co
     """The skeleton, the checkpoint (float sources) and the store (converted GGUFs) of `resolved`."""
     store = getattr(resolved, "store", None)
     if store is not None:
-        from ..convert import store_key
-
         try:
             packed = open_store(store, store_key(Path(resolved.path).name))
         except StoreInvalid as exc:
@@ -203,8 +203,6 @@ def _open_source(resolved: Any, dtype: torch.dtype, attn_implementation: str, co
 
 
 def _damaged(resolved: Any, reason: str):
-    from ..convert import MANIFEST
-
     try:
         (Path(resolved.path) / MANIFEST).unlink()  # the entry is rebuilt from its GGUF
     except OSError:
@@ -307,13 +305,11 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
                         dtype: torch.dtype, attn_implementation: str, config: OffloadConfig,
                         load_model: Callable, progress: ProgressFn = no_progress,
                         draft_head: Optional[Callable[[nn.Module, Optional[torch.Tensor]], None]] = None):
-    """offspec.loading.load_pair with offloading: the draft first (resident; quantized if asked or stored so),
+    """offspec.models.loading.load_pair with offloading: the draft first (resident; quantized if asked or stored so),
     then the target placed under the budgets with the draft counted as resident. Returns (target, draft).
-    `load_model` is offspec.loading.load_model (the plain load of a float model that needs no offloading);
-    `draft_head(model, source)` may reduce the draft's LM head before its bytes are counted (offspec/draft_vocab.py);
+    `load_model` is offspec.models.loading.load_model (the plain load of a float model that needs no offloading);
+    `draft_head(model, source)` may reduce the draft's LM head before its bytes are counted (offspec/models/draft_vocab.py);
     `source` is the full head memory-mapped from the draft's store (None for a draft loaded the plain way)."""
-    from ..loaded import LoadedModel
-
     device = torch.device(device)
     source = None  # the draft's full LM head, memory-mapped from its store
     in_memory = 0  # bytes of the draft's weights in the process's own memory (not mapped from a store)
@@ -357,8 +353,6 @@ def as_loaded(resolved: Any, model: Optional[Any], handle: OffloadHandle, tokeni
               **load_kwargs: Any):
     """A LoadedModel from `load_offloaded`'s result (model None: a float model loaded the plain way,
     `load_model(resolved, tokenizer=..., **load_kwargs)`), with its offloading handle."""
-    from ..loaded import LoadedModel
-
     if model is None:
         loaded = load_model(resolved, tokenizer=tokenizer, **load_kwargs)
     else:

@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from ..errors import OffspecError
+from offspec.errors import OffspecError
+from offspec.store.packed import HEADER
+from offspec.util.sizes import format_size
+
 from .config import ASSUMED_BANDWIDTH, FREE_FRACTION, HOST_RESERVE, OffloadConfig
 from .hostmem import page_round
-from .packed import HEADER
-from .sizes import format_size
 
 TIERS = ("device", "ram", "ssd")
 

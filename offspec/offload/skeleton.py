@@ -19,10 +19,12 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..errors import OffspecError
-from ..formats.modules import QEmbedding, QLinear, replace_embedding, replace_linear
-from ..formats.quantize import weight_type
-from .packed import LayerSpec, PackedSet, plan_extra, plan_layer
+from offspec.errors import OffspecError
+from offspec.formats.modules import QEmbedding, QLinear, replace_embedding, replace_linear
+from offspec.formats.quantize import weight_type
+from offspec.store.packed import LayerSpec, PackedSet, plan_extra, plan_layer
+from offspec.util.hf import quiet_transformers
+
 from .quant import quantize_layer_linears
 
 META = torch.device("meta")
@@ -49,7 +51,6 @@ def _empty_model(path: Path, dtype: torch.dtype, attn_implementation: str) -> An
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from ..convert import quiet_transformers
 
     try:
         with quiet_transformers():

@@ -39,10 +39,11 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import OffspecError
+from offspec.errors import OffspecError
+from offspec.store.packed import HEADER, LayerSpec, check_header, payload_crc
+
 from .diskio import FileReader, aligned_empty
 from .hostmem import page_round
-from .packed import HEADER, LayerSpec, check_header, payload_crc
 from .streams import DONE, Event, Streams
 
 # reads in flight when files are read straight into slots: this VM's disk gave 0.75-0.89 GB/s with two O_DIRECT

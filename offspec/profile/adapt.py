@@ -26,7 +26,7 @@ alone (`speculates` is False), auto's passes run without a tree, except where th
 candidates (`gate_suffix`: the suffix and hybrid drafters; a plan for the suffix drafter alone is always gated):
 then each pass proposes the suffix candidates
 and keeps only those that pay for their place in the pass under the measured cost model (`pass_cost`,
-offspec/gain.py), often none (a plain pass), all of a long copied run. An average acceptance curve says
+offspec/spec/gain.py), often none (a plain pass), all of a long copied run. An average acceptance curve says
 no tree pays; a copy of code that was given pays every time, and only a per-pass decision sees which is which.
 """
 
@@ -38,9 +38,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from ..config import TreeConfig
-from ..gain import PassCost
-from ..types import PassStats
+from offspec.config import PassCost, TreeConfig
+from offspec.types import PassStats
+
 from .curves import AcceptanceCurve
 from .guard import GuardConfig, SpeedGuard
 from .planner import PairCosts, Plan, PlannerConfig, draft_seconds, plan

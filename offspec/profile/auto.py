@@ -21,7 +21,11 @@ from dataclasses import replace
 from importlib import resources
 from typing import Any, Optional
 
-from ..progress import ProgressEvent, ProgressFn, no_progress
+from offspec.config import TreeConfig
+from offspec.formats import kernels
+from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.spec.suffix_drafter import SuffixDrafter
+
 from .adapt import AdaptiveBudget
 from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
@@ -32,7 +36,7 @@ from .store import acceptance_curves, costs_of, find_profile, load_profile, prof
 from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
 
 # The start-up estimate: few sizes, one call each, a hard time cap (the load's warm-up already ran).
-# Target passes at 2-8 tokens too: the pass cost of a few tree nodes decides per-pass suffix drafts (offspec/gain.py),
+# Target passes at 2-8 tokens too: the pass cost of a few tree nodes decides per-pass suffix drafts (offspec/spec/gain.py),
 # and on a CPU with tile kernels it is nowhere near a straight line through 1 and 16.
 # A streamed target whose passes pass max_call_seconds while still flat is probed at sizes 8x apart (one call each):
 # without it, two noisy points (a 2-token pass timed 40% slower than a 1-token one, the disk having slowed) were
@@ -51,8 +55,6 @@ ESTIMATE_PROPOSE_SECONDS = 1.5
 def pair_key(generator, load_cfg: Any) -> dict:
     """The fingerprint key of a loaded generator: hardware, model pair (names, dtype, quantization), placement."""
     info = generator.info
-    from ..formats import kernels
-
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none")}
     if "draft_vocab" in info.extra:  # a reduced draft head: other draft steps and acceptance (full heads: no key)
@@ -77,9 +79,6 @@ def prior_curves() -> tuple[dict[str, AcceptanceCurve], str]:
 
 def suffix_seconds(generator, tokens: list[int], repeats: int = 3) -> float:
     """Seconds of one suffix proposal on `tokens` (its index built first, untimed); the median of `repeats`."""
-    from ..config import TreeConfig
-    from ..suffix_drafter import SuffixDrafter
-
     drafter = SuffixDrafter(device=generator.engine.target.device)  # a scratch one: the session's stays as it is
     config = TreeConfig(budget=min(64, generator.engine.max_budget), drafter="suffix")
     drafter.propose(tokens, config)
@@ -126,8 +125,6 @@ def estimate_costs(generator, progress: ProgressFn = no_progress) -> tuple[PairC
 def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
     """Seconds to grow a whole model tree (automatic beams, the calibration depth) at ESTIMATE_PROPOSE's budgets,
     one timed call each after an untimed one, until ESTIMATE_PROPOSE_SECONDS are spent: [(budget, seconds)]."""
-    from ..config import TreeConfig
-
     engine = generator.engine
     drafter = engine.drafter
     points, start = [], time.perf_counter()

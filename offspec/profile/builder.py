@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from .. import __version__
-from ..progress import ProgressFn, no_progress
+from offspec.progress import ProgressFn, no_progress
+from offspec.version import __version__
+
 from .auto import pair_key
 from .hardware import measure_hardware
 from .measure import FULL, QUICK, MeasureConfig, calibration_prompts, measure_pair

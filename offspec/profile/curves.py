@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..errors import OffspecError
+from offspec.errors import OffspecError
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,14 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import OffspecError
-from ..device import sync_compute
-from ..offload.diskio import read_at
-from ..paths import cache_dir
-from ..tempfiles import remove_stale_temps
-from ..writable import check_writable_dir
-from ..progress import ProgressEvent, ProgressFn, no_progress
+from offspec.errors import OffspecError
+from offspec.offload.diskio import read_at
+from offspec.offload.hostmem import host_buffer
+from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.util.device import sync_compute
+from offspec.util.paths import cache_dir
+from offspec.util.tempfiles import remove_stale_temps
+from offspec.util.writable import check_writable_dir
 
 CHUNK = 16 * 2**20  # bytes per disk read call
 QUICK_DISK_BYTES, FULL_DISK_BYTES = 64 * 2**20, 512 * 2**20
@@ -93,8 +94,6 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 1024, rep
 def host_to_device(device: torch.device, nbytes: int, repeats: int = 3) -> tuple[float, float]:
     """(pinned, pageable) host->device copy bandwidth in bytes/s (CUDA only). The pinned buffer is exactly
     `nbytes` page-locked (offspec.offload.hostmem, as the streamer's buffers) and unpinned on return."""
-    from ..offload.hostmem import host_buffer
-
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)  # (nbytes,)
     pinned = host_buffer(nbytes, pin=True, device=device).fill_(1)  # (nbytes,) page-locked
     pageable = torch.ones(nbytes, dtype=torch.uint8)  # (nbytes,) ordinary memory, pages touched

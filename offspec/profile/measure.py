@@ -26,10 +26,13 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config import SamplingConfig, TreeConfig
-from ..errors import OffspecError
-from ..progress import ProgressEvent, ProgressFn, no_progress
-from ..sampling import TokenChooser
+from offspec.config import SamplingConfig, TreeConfig
+from offspec.errors import OffspecError
+from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.spec.sampling import TokenChooser
+from offspec.util.prompts import read_prompts
+
+from .curves import CostCurve
 from .planner import BUDGETS
 from .store import ACCEPTANCE_SECTIONS
 from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
@@ -65,8 +68,6 @@ def calibration_prompts(n: Optional[int] = None, path: Optional[Path] = None) ->
         text = resources.files("offspec").joinpath("data/calibration.jsonl").read_text(encoding="utf-8")
         where = "offspec/data/calibration.jsonl"
     else:
-        from ..prompts import read_prompts
-
         return [{"prompt": p, "kind": "?", "lang": "?"} for p in read_prompts(path, n)]
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -269,7 +270,6 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
                                     progress)
         head = timer.head()
 
-        from .curves import CostCurve
 
         curve = CostCurve.of(target_points)
         limit = config.max_cost_ratio * curve(1)

@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from ..config import DRAFTERS, TreeConfig
-from ..errors import OffspecError
+from offspec.config import DRAFTERS, TreeConfig
+from offspec.errors import OffspecError
+
 from .curves import AcceptanceCurve, CostCurve
 
 # Candidate tree shapes, in one place. Budgets: about 1.5x apart, so the best grid point is within ~20%

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import OffspecError
+from offspec.errors import OffspecError
+
 from .curves import AcceptanceCurve, CostCurve
 from .planner import PairCosts, Plan, PlannerConfig, plan
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import OffspecError
+from offspec.errors import OffspecError
 
 FORMAT = "offspec-profile"
 ACCEPTANCE_FORMAT = "offspec-acceptance"

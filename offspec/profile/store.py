@@ -1,6 +1,6 @@
 """Profiles on disk: fingerprints, atomic save, validated load, and where they are found.
 
-Measured profiles live in `<config dir>/profiles/<fingerprint>.json` (`offspec.paths.config_dir()`), one per
+Measured profiles live in `<config dir>/profiles/<fingerprint>.json` (`offspec.util.paths.config_dir()`), one per
 (hardware, model pair, placement): `--budget auto` finds the one that matches the loaded set-up by its
 fingerprint. Reference profiles (documented figures of common hardware) ship in the repository's
 `profiles/` (or `OFFSPEC_PROFILES_DIR`). Writes go to a temp file that is renamed into place, so an
@@ -15,10 +15,11 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import OffspecError
-from ..paths import config_dir
-from ..tempfiles import remove_stale_temps
-from ..writable import check_writable_dir
+from offspec.errors import OffspecError
+from offspec.util.paths import config_dir
+from offspec.util.tempfiles import remove_stale_temps
+from offspec.util.writable import check_writable_dir
+
 from .curves import AcceptanceCurve, CostCurve
 from .planner import PairCosts
 from .schema import ACCEPTANCE_FILE_SCHEMA, ACCEPTANCE_FORMAT, validate
@@ -86,7 +87,7 @@ def find_profile(key: dict) -> Optional[Path]:
 
 
 # what a profile's timings depend on beside the machine, the pair and the placement: the build of the CPU kernels
-# and the rows of the draft's LM head (offspec/draft_vocab.py; absent: all). Saved profiles that differ only there
+# and the rows of the draft's LM head (offspec/models/draft_vocab.py; absent: all). Saved profiles that differ only there
 # are named at load as measured with something else (`stale_profiles`).
 MEASURED_WITH = {"kernels": "another build of offspec's CPU kernels",
                  "draft_vocab": "another draft vocabulary (--draft-vocab)"}

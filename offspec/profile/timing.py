@@ -14,10 +14,10 @@ from typing import Callable, Optional
 
 import torch
 
-from ..device import sync_compute
-from ..progress import ProgressEvent, ProgressFn, no_progress
-from ..runner import ModelRunner
-from ..sampling import draft_logprobs
+from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.spec.runner import ModelRunner
+from offspec.spec.sampling import draft_logprobs
+from offspec.util.device import sync_compute
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`offspec serve`: an OpenAI-compatible local HTTP server on the speculative engine.
 
 Library side (no CLI imports): `create_app(generator, ServeConfig(...))` gives the FastAPI app;
-`offspec.serve.server` binds and runs it. `offspec.serve.cli` is the sub-command.
+`offspec.serve.server` binds and runs it. `offspec.cli.serve` is the sub-command.
 """
 
 from .app import create_app

@@ -21,8 +21,9 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import OffspecError
-from ..types import GenerationResult, StreamEvent
+from offspec.errors import OffspecError
+from offspec.types import GenerationResult, StreamEvent
+
 from .config import ServeConfig
 from .protocol import APIError, GenerationRequest, parse_chat, parse_completion
 from .queue import EngineQueue, Job, QueueFull, ShuttingDown

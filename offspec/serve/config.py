@@ -6,7 +6,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import OffspecError
+from offspec.errors import OffspecError
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..config import GenerationConfig, SamplingConfig
-from ..errors import OffspecError
+from offspec.config import GenerationConfig, SamplingConfig
+from offspec.errors import OffspecError
 
 OPENAI_TEMPERATURE = 1.0  # OpenAI's default when a request gives none (offspec's own CLI default is greedy)
 OPENAI_COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions

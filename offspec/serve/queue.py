@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
-from ..types import GenerationResult, StreamEvent
+from offspec.types import GenerationResult, StreamEvent
 
 
 class QueueFull(Exception):

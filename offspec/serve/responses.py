@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Optional
 
-from ..types import GenerationResult
+from offspec.types import GenerationResult
 
 # offspec's stop reasons -> OpenAI's finish_reason ("cancelled" never reaches a client that is still there)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}

@@ -13,7 +13,8 @@ import threading
 import uvicorn
 from fastapi import FastAPI
 
-from ..errors import OffspecError
+from offspec.errors import OffspecError
+
 from .config import ServeConfig
 
 

@@ -1,7 +1,7 @@
 import time, torch, statistics
 import offspec
 from offspec.profile.timing import PassTimer
-from offspec.sampling import draft_logprobs
+from offspec.spec.sampling import draft_logprobs
 g = offspec.load()
 e = g.engine
 d = e.drafter.runner; t = e.target

@@ -3,10 +3,10 @@ import json, sys
 from dataclasses import replace
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from offspec.suffix_drafter import SuffixDrafter
+from offspec.spec.suffix_drafter import SuffixDrafter
 from offspec.config import SuffixConfig, TreeConfig
-from offspec.gain import PassCost
-from offspec.verify import acceptance_walk
+from offspec.spec.gain import PassCost
+from offspec.spec.verify import acceptance_walk
 
 def run(data, tree_cfg, cost, suffix_cfg=SuffixConfig(), n_tokens=128, history=False):
     d = SuffixDrafter(suffix_cfg)

@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 import torch
 
-from offspec.default_pair import DEFAULT_DRAFT, DEFAULT_TARGET, assembled_gguf
+from offspec.models.default_pair import DEFAULT_DRAFT, DEFAULT_TARGET, assembled_gguf
 from offspec.formats import kernels
 from offspec.profile.timing import timed
 

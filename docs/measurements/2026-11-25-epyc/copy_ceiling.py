@@ -12,9 +12,9 @@ import json, sys
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-from offspec.paths import cache_dir
-from offspec.suffix_index import SuffixIndex
-from offspec.prompts import read_prompts
+from offspec.util.paths import cache_dir
+from offspec.spec.suffix_index import SuffixIndex
+from offspec.util.prompts import read_prompts
 from transformers import AutoTokenizer
 import glob
 bench = json.load(open(sys.argv[1])); setup = sys.argv[2]

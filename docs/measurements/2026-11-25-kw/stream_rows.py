@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 import torch
 
-from offspec.default_pair import DEFAULT_TARGET, assembled_gguf
+from offspec.models.default_pair import DEFAULT_TARGET, assembled_gguf
 from offspec.formats import kernels
 
 K_QUANTS = (12, 13, 14)  # Q4_K, Q5_K, Q6_K

@@ -6,7 +6,7 @@ import time
 import torch
 
 import offspec
-from offspec.draft_vocab import choose_ids, restrict_head
+from offspec.models.draft_vocab import choose_ids, restrict_head
 
 gen = offspec.load(draft_vocab="full", budget=4)
 runner = gen.engine.drafter.runner

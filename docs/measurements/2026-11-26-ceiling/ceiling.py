@@ -25,7 +25,7 @@ import sys
 import torch
 
 import offspec
-from offspec.prompts import read_prompts
+from offspec.util.prompts import read_prompts
 from offspec.profile.timing import PassTimer, timed
 
 TOP = 4  # the widest level the tree oracle may use

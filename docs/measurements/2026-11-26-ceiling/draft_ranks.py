@@ -10,7 +10,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 from ceiling import hidden_states
 import offspec
-from offspec.prompts import read_prompts
+from offspec.util.prompts import read_prompts
 bench = json.load(open(ROOT / "docs/measurements/2026-11-26-layers/code-edits/bench.json"))
 runs = bench["setups"]["ar"]["runs"]
 prompts = read_prompts(ROOT / "offspec/data/code_edits.jsonl")

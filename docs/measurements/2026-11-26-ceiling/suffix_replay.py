@@ -11,12 +11,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ceiling import interp  # noqa: E402
 from offspec.config import SuffixConfig, TreeConfig
-from offspec.gain import PassCost
-from offspec.suffix_drafter import SuffixDrafter
-from offspec.verify import acceptance_walk
-from offspec.prompts import read_prompts
+from offspec.spec.gain import PassCost
+from offspec.spec.suffix_drafter import SuffixDrafter
+from offspec.spec.verify import acceptance_walk
+from offspec.util.prompts import read_prompts
 from transformers import AutoTokenizer
-from offspec.paths import cache_dir
+from offspec.util.paths import cache_dir
 txt = open(ROOT / "docs/measurements/2026-11-26-ceiling/ceiling.txt").read()
 F = {int(k): float(v) / 1e3 for k, v in re.findall(r"(\d+): ([\d.]+)", txt.splitlines()[0])}
 H = {int(k): float(v) / 1e3 for k, v in re.findall(r"(\d+): ([\d.]+)", txt.splitlines()[1])}
@@ -81,7 +81,7 @@ if __name__ == "__main__":
     print("no cut no waste: speed-up %.2fx, %.2f tok/pass" % simulate(cut=False, nowaste=True))
 
 import math
-from offspec.gain import ContinuationRates
+from offspec.spec.gain import ContinuationRates
 class Growing(ContinuationRates):
     def observe(self, m, accepted, left):
         if m <= 0: return
@@ -152,7 +152,7 @@ class Anchored(SuffixDrafter):
                 cands.append((conv, self.anchor + 1))
             cands = [(i, j) for i, j in cands if j < conv.end and conv.token(j) != -1]
             if cands:
-                from offspec.suffix_index import Match
+                from offspec.spec.suffix_index import Match
                 self.match = Match(self.agree, tuple(j for _, j in cands))
                 return cands, min(self.agree, self.config.max_match)
         return occ, m

@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.l
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 # the twins and their one-time conversion run beside the tests (16 cores)
 ( time ( python3 $D/twin_gguf.py build .twin/target.head /tmp/t.gguf && python3 $D/twin_gguf.py build .twin/draft.head /tmp/d.gguf \
-  && python3 -c "from offspec.sources import resolve_model as r; r('/tmp/t.gguf', 'target'); r('/tmp/d.gguf', 'draft')" ) \
+  && python3 -c "from offspec.models.sources import resolve_model as r; r('/tmp/t.gguf', 'target'); r('/tmp/d.gguf', 'draft')" ) \
   ) > $W/twins.log 2>&1 &
 timeout ${TEST_S:-200} python3 -m pytest -m cuda -q -ra --timeout 150 -p no:cacheprovider tests/test_cuda.py ${PYTEST_K:+-k "$PYTEST_K"} 2>&1
 wait; tr '\r' '\n' < $W/twins.log | grep -v '%' | tail -5

@@ -1,0 +1,1 @@
+"""offspec/cli: the `offspec` command: its sub-commands and their option parsing."""

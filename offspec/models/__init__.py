@@ -1,0 +1,1 @@
+"""Where models come from: sources, the default pair, conversion into the cache, loading."""

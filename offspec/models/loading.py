@@ -1,0 +1,209 @@
+"""Loading resolved models (weights + tokenizer) and checking that a draft can serve a target.
+
+Every failure the user can cause or fix (a corrupt or truncated safetensors file, a missing shard, an
+unknown architecture, too little memory, mismatched tokenizers) becomes one OffspecError line.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, TypeVar, Union
+
+import torch
+
+from offspec.errors import OffspecError
+from offspec.offload.checkpoint import validate_weights
+from offspec.offload.config import OffloadConfig
+from offspec.offload.model import StoreDamaged, as_loaded, load_offloaded, load_offloaded_pair
+from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.store.entry import converted_dir, verify_entry
+from offspec.types import LoadedModel
+from offspec.util.hf import quiet_transformers
+
+from .convert import failure_reason
+from .draft_vocab import reduce_draft_head
+from .sources import ResolvedModel, convert_located, locate_model
+
+T = TypeVar("T")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` -> "float32"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_tokenizer(resolved: ResolvedModel) -> Any:
+    """The tokenizer of a resolved model, or of a located GGUF (read from its converted entry when that is
+    ready, else from the GGUF itself); failures become one OffspecError line."""
+    from transformers import AutoTokenizer
+
+    where, kwargs, cls = str(resolved.path), {}, AutoTokenizer
+    if resolved.gguf is not None:
+        entry = converted_dir(resolved.key)
+        if entry.is_dir() and verify_entry(entry) is None:
+            where = str(entry)
+            if (entry / "tokenizer.json").is_file():
+                # the pipeline offspec saved when it converted the GGUF: loaded as it is, without the per-model
+                # class that rebuilds it from Python copies of the vocabulary and merges (which it keeps: 45 MB
+                # for Qwen2.5's 151,936 tokens, in the memory a small --device-mem budget has)
+                from transformers import PreTrainedTokenizerFast as cls
+        else:
+            where, kwargs = str(resolved.gguf.parent), {"gguf_file": resolved.gguf.name}
+    try:
+        with quiet_transformers():
+            return cls.from_pretrained(where, **kwargs)
+    except Exception as exc:
+        reason = failure_reason(exc) if "gguf_file" in kwargs else _reason(exc)
+        raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: {reason}") from exc
+
+
+def load_model(resolved: ResolvedModel, *, device: Union[torch.device, str], dtype: torch.dtype,
+               attn_implementation: str = "sdpa", progress: ProgressFn = no_progress,
+               tokenizer: Optional[Any] = None) -> LoadedModel:
+    """Load weights (and the tokenizer unless given) of `resolved` onto `device` in `dtype`."""
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device(device)
+    message = f"loading {resolved.name}"
+    progress(ProgressEvent("load", message))
+    validate_weights(resolved.path)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(resolved)
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation}
+    if device.type != "cpu":
+        kwargs["device_map"] = {"": device}  # straight onto the device, no host copy
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(str(resolved.path), **kwargs)
+        model = model.to(device)
+    except (MemoryError, torch.OutOfMemoryError) as exc:
+        raise OffspecError(f"out of memory loading {resolved.name} on {device} in {dtype_name(dtype)}; "
+                           f"free memory, or use a smaller model or dtype") from exc
+    except Exception as exc:
+        raise OffspecError(f"cannot load model {resolved.name} from {resolved.path}: {_reason(exc)}") from exc
+    model.eval()
+    model.requires_grad_(False)
+    progress(ProgressEvent("load", message, finished=True))
+    return LoadedModel(name=resolved.name, path=resolved.path, model=model, tokenizer=tokenizer)
+
+
+def _tokenizer_difference(target_tok: Any, draft_tok: Any) -> Optional[str]:
+    """A short description of how two tokenizers differ, or None when they agree."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        if len(tv) != len(dv):
+            return f"{len(tv):,} vs {len(dv):,} tokens"
+        token = next(t for t in sorted(tv) if tv[t] != dv.get(t))
+        return f"token {token!r} has id {tv[token]} vs {dv.get(token)}"
+    for attr in ("eos_token_id", "bos_token_id"):
+        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if a != b:
+            return f"{attr.removesuffix('_id').replace('_', ' ')} id {a} vs {b}"
+    return None
+
+
+def _check_tokenizers(target_name: str, target_tok: Any, draft_name: str, draft_tok: Any) -> None:
+    difference = _tokenizer_difference(target_tok, draft_tok)
+    if difference is not None:
+        raise OffspecError(
+            f"draft model {draft_name!r} does not share the tokenizer of target model {target_name!r} "
+            f"({difference}); a draft must use the target's tokenizer, e.g. a smaller model of the same family"
+        )
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise OffspecError unless target and draft have the same vocabulary and eos/bos ids."""
+    _check_tokenizers(target.name, target.tokenizer, draft.name, draft.tokenizer)
+
+
+def _check_quant(located: ResolvedModel, quant: str, flag: str, device: torch.device) -> None:
+    if quant == "none":
+        return
+    if located.gguf is not None or located.weights == "ggml":
+        raise OffspecError(f"{flag} {quant} applies to float (safetensors) models; {located.name} is a GGUF and "
+                           f"keeps its own quantization: drop {flag}")
+    if quant == "nf4" and device.type != "cuda":
+        raise OffspecError(f"{flag} nf4 needs a CUDA GPU (bitsandbytes' NF4 runs 10-30x slower than float on a "
+                           f"CPU); use {flag} int4, which offspec's CPU kernels run fast")
+
+
+def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: Union[torch.device, str],
+              dtype: torch.dtype, attn_implementation: str = "sdpa",
+              progress: ProgressFn = no_progress, offload: Any = None,
+              draft_vocab: Union[str, int] = "auto") -> tuple[LoadedModel, LoadedModel]:
+    """Locate, check, convert and load a target and its draft.
+
+    Tokenizers are compared before anything is converted or loaded: a draft that cannot serve the target costs
+    no conversion. A converted GGUF always loads through its weight store (its ggml blocks), which needs
+    `offload` (an OffloadConfig; offspec.load always passes one). The draft's LM head keeps the rows
+    `draft_vocab` asks for (offspec/models/draft_vocab.py) before the target is placed, so placement counts what stays."""
+    target_loc = locate_model(target_spec, "target", progress=progress)
+    draft_loc = locate_model(draft_spec, "draft", progress=progress)
+    if offload is not None:
+        _check_quant(target_loc, offload.quant, "--quant", torch.device(device))
+        _check_quant(draft_loc, offload.draft_quant, "--draft-quant", torch.device(device))
+    target_tok, draft_tok = load_tokenizer(target_loc), load_tokenizer(draft_loc)
+    _check_tokenizers(target_loc.name, target_tok, draft_loc.name, draft_tok)
+    # the same vocabulary and ids: one tokenizer serves both (a Qwen2.5 tokenizer holds about 100 MB of memory)
+    draft_tok = target_tok
+    if offload is None and (target_loc.gguf is not None or draft_loc.gguf is not None):
+        offload = OffloadConfig()
+    kwargs = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, progress=progress)
+
+    def draft_head(model: Any, source: Optional[torch.Tensor] = None) -> None:
+        line = reduce_draft_head(model, draft_tok, draft_vocab, source)
+        if line is not None:
+            progress(ProgressEvent("load", line, 1, 1, finished=True))
+
+    def convert_and_load() -> tuple[LoadedModel, LoadedModel]:
+        target_res, draft_res = convert_located(target_loc, progress), convert_located(draft_loc, progress)
+        if offload is None:
+            target = load_model(target_res, tokenizer=target_tok, **kwargs)
+            draft = load_model(draft_res, tokenizer=draft_tok, **kwargs)
+            draft_head(draft.model)
+            return target, draft
+        # offloading (offspec/offload): the draft loads first, then the target's decoder layers are placed under
+        # the device/RAM budgets of `offload` (an OffloadConfig) and streamed as needed
+        return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
+                                   dtype=dtype, attn_implementation=attn_implementation, config=offload,
+                                   progress=progress, load_model=load_model, draft_head=draft_head)
+
+    return _rebuilding_once(convert_and_load, progress)
+
+
+def load_target(target_spec: Optional[str], *, device: Union[torch.device, str], dtype: torch.dtype,
+                attn_implementation: str = "sdpa", progress: ProgressFn = no_progress,
+                offload: Any = None) -> LoadedModel:
+    """Locate, convert and load a target without a draft model (`--draft none`: suffix drafts only)."""
+    located = locate_model(target_spec, "target", progress=progress)
+    if offload is not None:
+        _check_quant(located, offload.quant, "--quant", torch.device(device))
+    target_tok = load_tokenizer(located)
+    if offload is None and located.gguf is not None:
+        offload = OffloadConfig()
+    kwargs = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, progress=progress)
+
+    def convert_and_load() -> LoadedModel:
+        resolved = convert_located(located, progress)
+        if offload is None:
+            return load_model(resolved, tokenizer=target_tok, **kwargs)
+        # the target's layers placed under the budgets of `offload`, nothing else resident
+        model, handle = load_offloaded(resolved, device=torch.device(device), dtype=dtype,
+                                       attn_implementation=attn_implementation, config=offload, progress=progress)
+        return as_loaded(resolved, model, handle, target_tok, load_model, **kwargs)
+
+    return _rebuilding_once(convert_and_load, progress)
+
+
+def _rebuilding_once(convert_and_load: Callable[[], T], progress: ProgressFn) -> T:
+    """Run `convert_and_load`; where a weight store turns out damaged while loading (the entry is then marked),
+    run it once more: converting again rebuilds the entry."""
+    try:
+        return convert_and_load()
+    except StoreDamaged as exc:
+        progress(ProgressEvent("convert", f"{exc}; rebuilding now"))
+        return convert_and_load()

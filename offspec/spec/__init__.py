@@ -1,0 +1,1 @@
+"""The speculative decoding algorithm: trees, drafters, verification, the engine and the model runner."""

@@ -1,0 +1,151 @@
+"""Runs a transformers causal LM over arbitrary token sets with a slot KV cache and a 4D mask.
+
+The decoder body gives hidden states; the LM head is applied separately, only where logits are
+needed (a 4096-node tree times a 152k vocabulary would be gigabytes of logits).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from offspec.formats import kernels
+from offspec.formats.attention import exact as exact_attention
+from offspec.formats.attention import install as install_attention
+from offspec.formats.layers import active as compiled_layers
+from offspec.formats.layers import install as install_layers
+from offspec.formats.modules import QLinear
+
+from .kvcache import SlotKVCache
+
+PREFILL_CHUNK = 512  # tokens per prefill pass of a resident model (bounds its activation memory)
+# the most tokens of a pass that runs compiled layers on a runner without exact attention (a draft): longer passes
+# (a prompt's catch-up) run faster on transformers' layers with SDPA (1050 tokens: 10.7-12.5 s against 14.2-16.5 s)
+COMPILED_MAX_TOKENS = 64
+
+
+def compute_device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
+    """Where and in which float dtype `model` computes. A low-bit model says so on its token table (its weights
+    are uint8 blocks, and a streamed layer's parameters are meta placeholders between passes)."""
+    emb = model.get_input_embeddings()
+    if getattr(emb, "compute_device", None) is not None:
+        return emb.compute_device, emb.compute_dtype
+    return emb.weight.device, emb.weight.dtype
+
+
+class ModelRunner:
+    """`exact`: every pass attends per query over its visible keys only (offspec.formats.attention). With the
+    row-invariant low-bit kernels this makes each token's result a function of the tokens before it alone, however
+    the tokens are batched (prefill chunk, one token, tree): the target's runner, so that verification, decoding
+    without a draft and a reused conversation all compute the same numbers."""
+
+    def __init__(self, model, capacity: int, exact: bool = False):
+        self.model = model
+        self.body = model.get_decoder()
+        head = model.get_output_embeddings()
+        # a draft's reduced head (offspec/models/draft_vocab.py) computes the rows of `vocab_ids` only, and takes a row for
+        # every token the runner is given (`extend`)
+        self.subset_head = head if hasattr(head, "subset") and hasattr(head, "admit") else None
+        self.lm_head = head.subset if self.subset_head is not None else head
+        self.device, self.dtype = compute_device_and_dtype(model)
+        self.exact = exact
+        install_attention(model)  # SDPA, or exact attention within `exact_attention(True)`
+        # None: every pass runs each decoder layer in one compiled call (exact attention included), else why not
+        self.layers_unsupported = install_layers(model, self.device, self.dtype)
+        self.capacity = capacity
+        self.cache = SlotKVCache(model.config.num_hidden_layers, capacity)
+        # transformers >= 5.2x names the cache argument `cache` (warning on `past_key_values`); earlier 5.x do not
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
+        self._min = torch.finfo(self.dtype).min
+        self.io = None  # an offloading streamer with `counters() -> (bytes streamed, seconds waited)`, if any
+        # (tokens cached, tokens left to prefill) -> tokens in the next prefill pass; a streamed target takes the
+        # largest chunk its activation reserve allows (offspec.offload.prefill), as each pass streams every layer
+        self.prefill_chunk: Callable[[int, int], int] = lambda cached, remaining: min(remaining, PREFILL_CHUNK)
+
+    def io_counters(self) -> tuple[int, float]:
+        """Cumulative (weight bytes streamed, seconds spent waiting for weights); zeros when nothing streams."""
+        return self.io.counters() if self.io is not None else (0, 0.0)
+
+    @property
+    def length(self) -> int:
+        """Committed tokens held in the cache (slots [0, length))."""
+        return self.cache.length
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                visible: torch.Tensor) -> torch.Tensor:
+        """Run q tokens; return their (q, hidden) final hidden states.
+
+        tokens, positions, slots: (q,) long. `slots` are where their keys/values are written.
+        visible: (q, kv_len) bool: which cache slots each token attends to (its own slot included).
+        """
+        q, kv_len = visible.shape
+        # (1, 1, q, kv_len) additive mask in the model's dtype: 0 where visible, dtype-min elsewhere
+        mask = torch.zeros((1, 1, q, kv_len), dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~visible[None, None], self._min)
+        self.cache.prepare(slots, kv_len)
+        # a target's passes all run one path (exact attention either way); a draft's long passes run transformers'
+        compiled = self.layers_unsupported is None and (self.exact or q <= COMPILED_MAX_TOKENS)
+        with exact_attention(self.exact), compiled_layers(visible if compiled else None):
+            out = self.body(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
+                            use_cache=True, **{self._cache_arg: self.cache})
+        return out.last_hidden_state[0]
+
+    @functools.cached_property
+    def head_is_row_invariant(self) -> bool:
+        """Does the LM head give each row the same bits whatever the batch? offspec's compiled CPU kernels do; a
+        GEMM (CUDA, torch's CPU matmul) may round by batch shape. Fixed once the model is loaded."""
+        return isinstance(self.lm_head, QLinear) and self.device.type == "cpu" and kernels.compiled() is not None
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., hidden) -> (..., vocab) logits; with a reduced head (`vocab_ids` set: a draft), (..., n) logits of
+        the tokens `vocab_ids` (map an index i back with `token_ids`)."""
+        return self.lm_head(hidden)
+
+    @property
+    def vocab_ids(self) -> Optional[torch.Tensor]:
+        """(n,) the token ids `logits` scores, in its order, for a reduced head; None for a whole one."""
+        return None if self.subset_head is None else self.subset_head.token_ids
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into `logits`' last dimension (the same where the head is whole)."""
+        return indices if self.subset_head is None else self.subset_head.ids[indices]
+
+    def forget_tokens(self) -> None:
+        """A reduced head drops the rows it took for the conversation's tokens (a new session)."""
+        if self.subset_head is not None:
+            self.subset_head.forget()
+
+    def refresh_tokens(self, kept: Sequence[int]) -> None:
+        """The conversation changed and keeps the cached tokens `kept`: a reduced head more than half full of rows
+        for earlier conversations' tokens starts over from these (later tokens are admitted as they come)."""
+        head = self.subset_head
+        if head is not None and head.n - head.static > (head.rows.shape[0] - head.static) // 2:
+            head.forget()
+            head.admit(kept)
+
+    @torch.inference_mode()
+    def extend(self, tokens: list[int], chunk: Optional[int] = None) -> torch.Tensor:
+        """Append committed tokens causally (prefill / catch-up) in passes of `chunk` tokens (None: as
+        `prefill_chunk` says); return the last token's hidden state (hidden,)."""
+        hidden = None
+        start = 0
+        if self.subset_head is not None:
+            self.subset_head.admit(tokens)  # tokens the conversation uses can be drafted from now on
+        while start < len(tokens):
+            base = self.cache.length
+            size = chunk if chunk is not None else max(1, self.prefill_chunk(base, len(tokens) - start))
+            part = tokens[start : start + size]
+            start += len(part)
+            q = len(part)
+            ids = torch.tensor(part, dtype=torch.long, device=self.device)  # (q,)
+            pos = torch.arange(base, base + q, device=self.device)  # (q,) slot == position for committed tokens
+            visible = torch.ones((q, base + q), dtype=torch.bool, device=self.device)  # (q, base+q)
+            visible[:, base:] = torch.ones((q, q), dtype=torch.bool, device=self.device).tril()
+            hidden = self.forward(ids, pos, pos, visible)[-1]
+            self.cache.length = base + q
+        return hidden

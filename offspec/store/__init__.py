@@ -1,0 +1,1 @@
+"""The on-disk weight store: cache entries and their packed per-layer files."""

@@ -1,0 +1,1 @@
+"""Shared by the tests: scripted fakes, tiny random models and GGUFs, fault injection, a live server."""

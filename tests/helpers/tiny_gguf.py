@@ -1,0 +1,193 @@
+"""Tiny random GGUF models (qwen2, llama) written with the gguf package, for the low-bit tests.
+
+`save_tiny_gguf(path, types=...)` writes a GGUF whose linear weights are random normal(0, 0.2) values (as in
+tests/helpers/tiny.py) encoded as ggml blocks of the given types, norms and biases F32, the byte tokenizer of
+tests/helpers/tiny.py as a "gpt2" tokenizer, and a chat template. transformers reads it like any GGUF, and
+`gguf.dequantize` gives the float weights it stands for. `noise` perturbs the weights of the model `seed` gives:
+a draft that mostly agrees with it. `random_blocks` makes arbitrary valid blocks of any type (kernel tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from .tiny import CHAT_TEMPLATE, SPECIALS, make_tokenizer
+
+# where the float16 scale fields sit in each block type, and the scale to put there
+HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+               "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+SCALE = {"Q4_0": 0.02, "Q4_1": 0.02, "Q5_0": 0.01, "Q5_1": 0.01, "Q8_0": 0.002, "Q2_K": 0.004, "Q3_K": 0.004,
+         "Q4_K": 0.0006, "Q5_K": 0.0003, "Q6_K": 0.0002}
+
+
+def _halves(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).view(np.uint8).reshape(*x.shape, 2)
+
+
+def _encode_k45(w: np.ndarray, five: bool) -> np.ndarray:
+    """Q4_K / Q5_K blocks of float rows (a simple min/max encoder: valid, not llama.cpp's optimal search)."""
+    rows, cols = w.shape
+    top = 31 if five else 15
+    sub = w.reshape(rows, cols // 256, 8, 32)
+    lo = np.minimum(sub.min(-1), 0.0)  # (rows, nb, 8): the minimums are subtracted, so keep them <= 0
+    scale = np.maximum((sub.max(-1) - lo) / top, 1e-8)
+    d = (scale.max(-1) / 63).astype(np.float16).astype(np.float32)  # (rows, nb)
+    dmin = ((-lo).max(-1) / 63).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scale / np.maximum(d[..., None], 1e-12)), 1, 63).astype(np.uint8)
+    mn = np.clip(np.rint(-lo / np.maximum(dmin[..., None], 1e-12)), 0, 63).astype(np.uint8)
+    q = np.clip(np.rint((sub + (dmin[..., None] * mn)[..., None]) / (d[..., None] * sc)[..., None]), 0, top)
+    q = q.astype(np.uint8)  # (rows, nb, 8, 32)
+    packed = np.zeros((rows, cols // 256, 12), np.uint8)
+    packed[..., 0:4] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
+    packed[..., 4:8] = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
+    packed[..., 8:12] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
+    qs = (q[..., 0::2, :] & 0x0F) | ((q[..., 1::2, :] & 0x0F) << 4)  # (rows, nb, 4, 32): subs 2c, 2c+1
+    parts = [_halves(d), _halves(dmin), packed]
+    if five:
+        qh = np.zeros((rows, cols // 256, 32), np.uint8)
+        for j in range(8):
+            qh |= ((q[..., j, :] >> 4) & 1) << j
+        parts.append(qh)
+    parts.append(qs.reshape(rows, cols // 256, 128))
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
+
+
+def _encode_q6_k(w: np.ndarray) -> np.ndarray:
+    rows, cols = w.shape
+    sub = w.reshape(rows, cols // 256, 16, 16)
+    scale = np.maximum(np.abs(sub).max(-1) / 31, 1e-8)  # (rows, nb, 16)
+    d = (scale.max(-1) / 127).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scale / np.maximum(d[..., None], 1e-12)), 1, 127).astype(np.int8)
+    q = np.clip(np.rint(sub / (d[..., None] * sc)[..., None]) + 32, 0, 63).astype(np.uint8).reshape(rows, -1, 2, 4, 32)
+    ql = np.zeros((rows, cols // 256, 2, 64), np.uint8)
+    qh = np.zeros((rows, cols // 256, 2, 32), np.uint8)
+    for s in range(4):  # element h*128 + s*32 + l
+        half = (s % 2) * 32
+        ql[..., half : half + 32] |= (q[:, :, :, s, :] & 0x0F) << (4 * (s // 2))
+        qh |= ((q[:, :, :, s, :] >> 4) & 3) << (2 * s)
+    parts = [ql.reshape(rows, -1, 128), qh.reshape(rows, -1, 64), sc.view(np.uint8), _halves(d)]
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
+
+
+def encode(values: np.ndarray, type_name: str) -> np.ndarray:
+    """(rows, cols) float32 -> (rows, row_bytes) uint8 blocks of `type_name` (gguf's quantizers, or the simple
+    k-quant encoders above)."""
+    import gguf
+
+    if type_name in ("Q4_K", "Q5_K"):
+        return _encode_k45(values, type_name == "Q5_K")
+    if type_name == "Q6_K":
+        return _encode_q6_k(values)
+    qt = gguf.GGMLQuantizationType[type_name]
+    return np.ascontiguousarray(gguf.quantize(values.astype(np.float32), qt)).view(np.uint8).reshape(values.shape[0], -1)
+
+
+def random_blocks(rng: np.random.Generator, type_name: str, rows: int, cols: int) -> np.ndarray:
+    """(rows, row_bytes) uint8: random blocks of `type_name` with small positive scales (valid, finite)."""
+    import gguf
+
+    qt = gguf.GGMLQuantizationType[type_name]
+    block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+    if type_name in ("F32", "F16", "BF16"):
+        values = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
+        return np.ascontiguousarray(gguf.quantize(values, qt)).view(np.uint8).reshape(rows, -1)
+    nb = cols // block
+    raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)
+    for i, off in enumerate(HALF_FIELDS[type_name]):
+        scale = SCALE[type_name] * (1.0 if i == 0 else 0.5)
+        halves = (rng.uniform(0.5, 1.5, (rows, nb)) * scale).astype(np.float16)
+        raw[:, :, off : off + 2] = halves.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, -1)
+
+
+def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int = 256, layers: int = 2,
+                   heads: int = 4, kv_heads: int = 2, inter: int = 512, types: dict | None = None,
+                   noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0) -> Path:
+    """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
+    to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
+    sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
+    tokens (another tokenizer)."""
+    import gguf
+
+    types = {"linear": "Q4_K", "down": "Q6_K", "v": "Q6_K", "embed": "Q4_K", "output": "Q6_K", **(types or {})}
+    from .tiny import BASE_VOCAB
+
+    tok = make_tokenizer(BASE_VOCAB + vocab_extra)
+    vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng(10_000 + seed)
+
+    def blocks(name: str, rows: int, cols: int, type_name: str, scale: float = 1.0) -> np.ndarray:
+        if type_name.startswith("IQ"):  # no quantizer in gguf-py: random blocks with a small scale
+            raw = rng.integers(0, 256, (rows, cols // 32, 18), dtype=np.uint8)
+            raw[:, :, 0:2] = _halves((rng.uniform(0.5, 1.5, (rows, cols // 32)) * 0.005).astype(np.float32))
+            return raw.reshape(rows, -1)
+        values = rng.normal(0.0, 0.2, (rows, cols)).astype(np.float32) * scale  # like tests/helpers/tiny.py's models
+        if noise > 0:
+            values = values + noise * noise_rng.standard_normal(values.shape).astype(np.float32)
+        return encode(values, type_name)
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-{seed}")
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives none from a byte vocabulary
+    w.add_bos_token_id(vocab["<s>"])
+    w.add_eos_token_id(vocab["</s>"])
+    w.add_pad_token_id(vocab["<pad>"])
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    def add(name: str, raw: np.ndarray, type_name: str, cols: int) -> None:
+        qt = gguf.GGMLQuantizationType[type_name]
+        w.add_tensor(name, raw, raw_dtype=qt)  # (rows, row_bytes) uint8: the shape follows from the type
+
+    def floats(name: str, n: int, mean: float = 1.0) -> None:
+        w.add_tensor(name, (mean + 0.05 * rng.standard_normal(n)).astype(np.float32))
+
+    v = len(tokens)
+    head_dim = hidden // heads
+    add("token_embd.weight", blocks("embed", v, hidden, types["embed"]), types["embed"], hidden)
+    for i in range(layers):
+        p = f"blk.{i}."
+        floats(p + "attn_norm.weight", hidden)
+        floats(p + "ffn_norm.weight", hidden)
+        for n, rows, t in (("attn_q", hidden, "linear"), ("attn_k", kv_heads * head_dim, "linear"),
+                           ("attn_v", kv_heads * head_dim, "v"), ("attn_output", hidden, "linear")):
+            add(p + n + ".weight", blocks(n, rows, hidden, types[t]), types[t], hidden)
+            if arch == "qwen2" and n != "attn_output":
+                floats(p + n + ".bias", rows, mean=0.0)
+        for n in ("ffn_gate", "ffn_up"):
+            add(p + n + ".weight", blocks(n, inter, hidden, types["linear"]), types["linear"], hidden)
+        add(p + "ffn_down.weight", blocks("down", hidden, inter, types["down"]), types["down"], inter)
+    floats("output_norm.weight", hidden)
+    if not tied:
+        add("output.weight", blocks("output", v, hidden, types["output"], logit_scale), types["output"], hidden)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def mapped_file(t) -> str:
+    """The file whose memory mapping holds tensor `t`'s first byte ("" where it is anonymous memory; Linux)."""
+    addr = t.data_ptr()
+    for line in open("/proc/self/maps", encoding="utf-8"):
+        parts = line.split()
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= addr < hi:
+            return parts[5] if len(parts) > 5 else ""
+    return ""
