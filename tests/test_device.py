@@ -97,13 +97,13 @@ def test_out_of_memory_becomes_one_line_that_says_what_to_do():
 
 
 def test_out_of_memory_while_loading_is_one_line_not_a_traceback(tiny_dirs, monkeypatch, capsys):
-    import offspec.models.loading
+    import offspec.api
     from offspec.cli.main import main
 
     def oom(*args, **kwargs):
         raise _oom()
 
-    monkeypatch.setattr(offspec.models.loading, "load_pair", oom)
+    monkeypatch.setattr(offspec.api, "load_pair", oom)
     target, draft = tiny_dirs[("llama", 0)]
     with pytest.raises(OffspecError, match="during loading the models .*tried to allocate 2.00 GiB"):
         offspec.load(str(target), str(draft))

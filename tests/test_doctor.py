@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-import offspec.profile.hardware as hardware
 from offspec.cli.doctor import main
 from offspec.doctor import FAIL, PASS, SKIP, checks, logits, overlap, run_checks, streaming
 from offspec.errors import OffspecError
@@ -43,12 +42,12 @@ def test_doctor_runs_on_a_cpu_machine_and_skips_what_needs_cuda_with_the_reason(
 
 
 def test_the_lines_say_pass_fail_or_skip_and_a_failure_exits_1(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(hardware, "disk_read_bandwidth", lambda directory, nbytes: (5e7, "buffered"))
+    monkeypatch.setattr(checks, "disk_read_bandwidth", lambda directory, nbytes: (5e7, "buffered"))
 
     def broken(device, dtype):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(logits, "compare_in_temp", broken)
+    monkeypatch.setattr(streaming, "compare_in_temp", broken)
     assert main(["--quick", "--offload-dir", str(tmp_path)]) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("PASS  device: cpu: ")
@@ -100,7 +99,7 @@ def test_the_overlap_check_passes_only_when_copies_hide_and_stream_near_the_link
     figures = {"overlap": overlap_share, "copy_bandwidth": bandwidth, "copy_seconds": 0.5, "compute_seconds": 0.5,
                "both_seconds": 0.55}
     monkeypatch.setattr(streaming, "fitting_size", lambda device, nbytes: nbytes)
-    monkeypatch.setattr(overlap, "measure_overlap", lambda *a, **k: figures)
+    monkeypatch.setattr(streaming, "measure_overlap", lambda *a, **k: figures)
     check = streaming.overlap_check(CUDA0, torch.bfloat16, 1_710_000_000, "a 70B-shaped layer", 20e9, False)
     assert check.status == status and says in check.reason and "\n" not in check.reason
     assert streaming.overlap_check(CPU, torch.float32, 1, "", None, False).status == SKIP
@@ -112,19 +111,17 @@ def test_the_overlap_check_passes_only_when_copies_hide_and_stream_near_the_link
     (1.5e9, 1.0e9, FAIL, "link is degraded"),
 ])
 def test_the_copy_check_rules(monkeypatch, pinned, pageable, status, says):
-    monkeypatch.setattr(hardware, "host_to_device", lambda device, nbytes, repeats=3: (pinned, pageable))
+    monkeypatch.setattr(checks, "host_to_device", lambda device, nbytes, repeats=3: (pinned, pageable))
     check = checks.link_check(CUDA0, 1 << 28)
     assert check.status == status and says in check.reason
 
 
 def test_the_device_check_on_a_gpu(monkeypatch):
-    import offspec.offload.placement as placement
-
     free = [23 * 10**9]
     monkeypatch.setattr(checks, "free_memory", lambda device: (free[0], 24 * 10**9))
     monkeypatch.setattr(checks, "device_name", lambda device: "NVIDIA GeForce RTX 2080 Ti")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    monkeypatch.setattr(placement, "default_budgets", lambda device, already=0: (21 * 10**9, 50 * 10**9))
+    monkeypatch.setattr(checks, "default_budgets", lambda device, already=0: (21 * 10**9, 50 * 10**9))
     check = checks.device_check(CUDA0, torch.float16)
     assert check.status == PASS and "compute capability 7.5, float16;" in check.reason
     assert "--device-mem 21 GB, --ram-mem 50 GB" in check.reason
@@ -134,8 +131,6 @@ def test_the_device_check_on_a_gpu(monkeypatch):
 
 
 def test_the_layer_size_is_the_models_or_a_70b_shaped_one(monkeypatch, tiny_dirs):
-    import offspec.models.sources
-
     target = tiny_dirs[("llama", 0)][0]
     size, what = streaming.layer_size(str(target), torch.float32, lambda e: None)
     assert what == f"the layers of {target.name}" and 4 * 64 * 64 * 4 < size < 10**6
@@ -145,7 +140,7 @@ def test_the_layer_size_is_the_models_or_a_70b_shaped_one(monkeypatch, tiny_dirs
     def not_set_up(*args, **kwargs):
         raise OffspecError("run offspec setup")
 
-    monkeypatch.setattr(offspec.models.sources, "resolve_model", not_set_up)
+    monkeypatch.setattr(streaming, "resolve_model", not_set_up)
     size, what = streaming.layer_size(None, torch.bfloat16, lambda e: None)
     assert size == pytest.approx(1.71e9, rel=0.01) and "70B-shaped" in what and "run offspec setup" in what
 
