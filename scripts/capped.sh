@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run a command inside a fresh memory cgroup (v1 or v2, needs root), the way ../shared/anchors/llamacpp.sh
-# caps llama.cpp, so that "the model does not fit in memory" is measured the same way for offspec:
+# Run a command inside a fresh memory cgroup (v1 or v2, needs root), so that "the model does not fit in memory" is
+# measured the same way for offspec and for a peer such as llama.cpp (run each under the same cap):
 #
 #   bash scripts/capped.sh 1000M offspec generate --draft none --device-mem 550MB --max-new-tokens 64 --json "..."
 #

@@ -5,7 +5,7 @@ draft's reduced LM head (`--draft-vocab`, offspec/models/draft_vocab.py) keeps t
     python scripts/token_ranks.py $(python -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])") \\
         $(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \\
         --tokenizer ~/.cache/offspec/models/qwen2.5-coder-0.5b-instruct-q4_k_m-<hash> \\
-        --out offspec/data/token_ranks/qwen2.5.json --held-out docs/measurements/*/bench.json
+        --out offspec/data/token_ranks/qwen2.5.json --held-out <offspec bench outputs>/bench.json
 
 Two sources, mixed by share of tokens (`--mix code:0.5,en:0.45,zh:0.05`):
 - code: every ROOT is a directory (or file); its `.py`, `.md`, `.rst` and `.txt` files are tokenized as they are,

@@ -2,7 +2,7 @@
 re-planning when pass times drift from the profile, and the measured guard against the target alone.
 
 All scripted (fake CPU samples, scripted PassStats): the real effect is measured by a benchmark command
-(README, "A busy machine"), not by a timed test."""
+(`offspec bench` beside a load, docs/benchmarks.md), not by a timed test."""
 
 import math
 import os

@@ -5,7 +5,7 @@ weight) of the torch decode path (dequant.py). Q4_K, Q6_K, Q5_0 and Q8_0: the ty
 
 Experimental: off unless `OFFSPEC_CUDA_KERNELS=triton`. The arithmetic is checked on a CPU through Triton's
 interpreter (tests/test_gpu_kernels.py); speed and the compiled code have not yet run on a GPU
-(docs/measurements/2026-11-26-h200/decode_bench.py measures them). Each weight's values are decoded with
+(scripts/gpu/decode_bench.py measures them). Each weight's values are decoded with
 dequant.py's formulas in float32 (the GPU compiler may fuse a multiply and a subtract, so a value can differ from
 dequant.py's in its last bit), then rounded to the activations' dtype for the tensor-core product, as the torch
 path rounds them; the sums' order differs from cuBLAS's. A row's result does not depend on the other rows of the

@@ -34,7 +34,7 @@ from offspec.formats.modules import QLinear
 from offspec.util.paths import config_dir
 
 RANKS_FORMAT = "offspec-token-ranks"
-DEFAULT_SIZE = 65536  # rows kept by `auto`: the default pair accepts as much as with the whole head (README)
+DEFAULT_SIZE = 65536  # rows kept by `auto`: the default pair accepts as much as with the whole head (docs/benchmarks.md)
 SHIPPED = Path(__file__).resolve().parent / "data" / "token_ranks"
 
 

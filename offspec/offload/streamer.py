@@ -47,7 +47,7 @@ from .hostmem import page_round
 from .streams import DONE, Event, Streams
 
 # reads in flight when files are read straight into slots: this VM's disk gave 0.75-0.89 GB/s with two O_DIRECT
-# readers against 0.63-0.81 with one (docs/measurements/2026-11-23d)
+# readers against 0.63-0.81 with one (docs/design/offloading.md)
 FILLERS = 2
 
 
