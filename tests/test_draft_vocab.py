@@ -280,3 +280,14 @@ def test_the_placement_charges_a_reduced_heads_logits_and_the_fitted_prefill():
     assert full - draft_headroom(cfg, 256, 16, 4, head_rows=100) == DRAFT_LOGIT_ROWS * 900 * 4
     assert draft_headroom(cfg, 256, 16, 4, prefill_tokens=128) == \
         kv_cache_bytes(cfg, slots, 4) + activation_bytes(cfg, 128, slots, 4, DRAFT_LOGIT_ROWS)
+
+
+def test_the_shipped_table_of_the_default_pairs_tokenizer_is_found():
+    """The Qwen2.5 table ships in offspec/data/token_ranks and is what `--draft-vocab auto` finds for its tokenizer
+    (its fingerprint is the table's own; the default pair's tokenizer is checked by the integration tests)."""
+    from offspec.models.draft_vocab import SHIPPED, find_ranks, read_ranks
+
+    table = SHIPPED / "qwen2.5.json"
+    assert table.is_file()
+    found = find_ranks(read_ranks(table)["tokenizer"])
+    assert found is not None and found[1] == table and len(found[0]) >= 65_536

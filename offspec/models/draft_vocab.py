@@ -35,7 +35,7 @@ from offspec.util.paths import config_dir
 
 RANKS_FORMAT = "offspec-token-ranks"
 DEFAULT_SIZE = 65536  # rows kept by `auto`: the default pair accepts as much as with the whole head (docs/benchmarks.md)
-SHIPPED = Path(__file__).resolve().parent / "data" / "token_ranks"
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "token_ranks"  # offspec/data/token_ranks
 
 
 def vocab_fingerprint(tokenizer: Any) -> str:
