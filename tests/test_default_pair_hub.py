@@ -102,6 +102,17 @@ def test_download_is_verified_then_trusted_without_the_network(tmp_path, served,
     assert events == [] and len(served.requests) == count  # trusted through its sidecar: no request, no re-hash
 
 
+def test_a_copy_in_the_hugging_face_cache_is_used_instead_of_downloading(tmp_path, served, hf_env):
+    spec, _, data = pinned(tmp_path)
+    served.add(REPO, REVISION, spec.hub.filename, data)
+    snapshot = hf_env / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    (snapshot / spec.hub.filename).write_bytes(data)
+    final = ensure_gguf(spec, locate=no_chunks, root=tmp_path / "cache")
+    assert final.read_bytes() == data and served.paths("GET") == []  # metadata asked for (HEAD), no bytes sent
+    assert served.paths("HEAD")
+
+
 def test_a_tampered_download_is_discarded_in_one_line_and_the_chunks_are_not_used_silently(tmp_path, served):
     spec, paths, data = pinned(tmp_path)
     tampered = bytearray(data)

@@ -177,7 +177,8 @@ def test_rm_removes_an_entry_by_its_exact_name(cache, capsys):
     code, out, err = run(capsys, "rm", name)
     assert code == 0 and err == "" and out == f"removed {name} ({format_size(size)} freed)\n"
     assert not (cache.root / "models" / name).exists()
-    assert sorted(p.name for p in (cache.root / "models").iterdir()) == sorted([cache.names["qwen-a"], cache.names["qwen-b"]])
+    left = sorted(p.name for p in (cache.root / "models").iterdir())
+    assert left == sorted([cache.names["qwen-a"], cache.names["qwen-b"]])
 
 
 def test_rm_an_unknown_name_is_one_line_and_removes_nothing(cache, capsys):
