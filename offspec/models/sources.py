@@ -17,7 +17,6 @@ that cannot serve the target is refused before any conversion.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Optional
 from offspec.errors import OffspecError
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.store import entry
-from offspec.util.hf import quiet_transformers
+from offspec.util.hf import hub_cache_dir, hub_offline, quiet_transformers
 
 from . import convert, default_pair
 
@@ -34,7 +33,6 @@ ROLES = ("target", "draft")
 EXPECTED = ("a Hugging Face model directory (with config.json), a .gguf file, a hub id like org/name, "
             "or 'default'")
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?::(?P<file>[^:]+\.gguf))?$")
-_TRUE = {"1", "true", "yes", "on"}
 # What a download of a plain (non-GGUF) hub model fetches: config, safetensors weights, tokenizer.
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 
@@ -59,22 +57,6 @@ class ResolvedModel:
     def store(self) -> Optional[Path]:
         """The weight store directory of a converted GGUF ("ggml" weights), else None."""
         return self.path / "weights" if self.weights == "ggml" and self.gguf is None else None
-
-
-def hub_offline() -> bool:
-    """True when HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, read at call time."""
-    return any(os.environ.get(var, "").strip().lower() in _TRUE for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, from the environment at call time (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)."""
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -18,7 +18,8 @@ from offspec.types import GeneratorLike
 from ..errors import advice, describe, is_user_error, write_error_log
 from ..loader import GeneratorFactory, LoadDone, LoadFailed, LoadProgress, start_load
 
-STEP_NAMES = {"assemble": "Assemble", "verify": "Verify", "convert": "Convert", "load": "Load", "warmup": "Warm up"}
+STEP_NAMES = {"download": "Download", "assemble": "Assemble", "verify": "Verify", "convert": "Convert", "load": "Load",
+              "warmup": "Warm up"}
 
 
 def _amount(event: ProgressEvent) -> str:
