@@ -47,7 +47,11 @@ inline void keep(__m512i& v) { __asm__("" : "+v"(v)); }
 // K-quant sub-blocks j and j + 1 (j even) in one register, sub-block j in the low half (KBlock::q's values)
 template <int64_t T>
 inline __m512i kq2(const KBlock<T>& b, int j) {
-  if constexpr (T == Q6_K) {
+  if constexpr (T == IQ4_XS) {  // sub-blocks j and j + 1: 32 consecutive bytes, each 16 low nibbles then high
+    const __m512i idx = join256(nibbles_32(b.blk + 8 + 16 * j), nibbles_32(b.blk + 24 + 16 * j));
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL)));
+    return _mm512_shuffle_epi8(table, idx);
+  } else if constexpr (T == Q6_K) {
     const int h = j / 4, s = j % 4;  // s is 0 or 2: the two sub-blocks read 64 consecutive bytes, shifted alike
     const __m512i src = _mm512_loadu_si512(b.blk + h * 64);
     const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(src, 4 * (s >> 1)), _mm512_set1_epi8(0x0F));
@@ -76,7 +80,7 @@ inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb
   for (int j = 0; j < 8; j += 2) {
     const __m512i q = kq2(blk, j);
     const __m512i sv = join256(blk.scales(j), blk.scales(j + 1));
-    if constexpr (T == Q6_K) {
+    if constexpr (T == Q6_K || T == IQ4_XS) {  // signed weights
       const Signed512 qs(q);
       for (int r = 0; r < R; r++) {
         const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
