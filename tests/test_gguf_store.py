@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.tiny_gguf import mapped_file, save_tiny_gguf
+from helpers.tiny_gguf import mapped_file, save_shape_twin, save_tiny_gguf
 
 import offspec
 from offspec import OffspecError
@@ -94,6 +94,29 @@ def test_conversion_keeps_the_gguf_blocks_at_the_gguf_size(cache, ggufs, name, t
     files = len(list((entry / "weights").glob("*.bin")))
     assert store <= ggufs[name].stat().st_size + files * 3 * 4096  # the GGUF's bytes plus headers and padding
     assert verify_entry(entry) is None and verify_entry(entry, deep=True) is None
+
+
+@pytest.mark.slow
+def test_a_70b_shape_twin_in_iq4_xs_costs_no_more_on_disk_than_its_gguf(cache, tmp_path):
+    """Llama-3-70B's shapes (hidden 8192, FFN 28672, 64 heads, 8 KV heads) in IQ4_XS, 2 of its 80 layers (0.9 GB of
+    random valid blocks): each layer file holds the GGUF's blocks as they are, plus at most 12 KiB of header and
+    alignment, so the whole 70B entry costs what its file does (7.5x that before, in float32, when IQ4_XS had no
+    kernel); and the twin runs."""
+    import gguf as gguf_py
+
+    src = save_shape_twin(tmp_path / "twin.gguf", layers=2)
+    entry = ensure_converted(src, key=gguf_key(src), source="test")
+    manifest = json.loads((entry / MANIFEST).read_text())
+    assert manifest["weights"] == "ggml" and set(manifest["types"]) == {"IQ4_XS", "Q6_K"}
+    reader = gguf_py.GGUFReader(str(src))
+    for i in range(2):
+        layer = sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith(f"blk.{i}."))
+        assert layer > 400 * 2**20  # the 70B's layer: 855M weights at 4.25 bits
+        assert (entry / "weights" / f"layer-{i:04d}.bin").stat().st_size <= layer + 3 * 4096
+    stored = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())  # weights, config, tokenizer, manifest
+    assert stored <= src.stat().st_size + 2**20
+    gen = offspec.load(str(src), str(src), budget=4, **LOAD)
+    assert len(gen.generate("Hi", max_new_tokens=2, speculate=False).token_ids) == 2
 
 
 @pytest.mark.parametrize("name", ["qwen2", "llama", "tied", "legacy", "iq4", "lattice", "lattice2"])

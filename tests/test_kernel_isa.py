@@ -1,5 +1,6 @@
 """The CPU kernels' instruction sets: AVX-512 (two blocks per instruction) computes the AVX2 kernels' bits, the AMX
-tiles (K-quants of wide passes) compute the AVX-512 kernels' bits, and OFFSPEC_KERNEL_ISA picks the variant."""
+tiles (K-quants and IQ4_XS of wide passes) compute the AVX-512 kernels' bits, and OFFSPEC_KERNEL_ISA picks the
+variant."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def amx():
     ext.set_amx(True)
 
 
-@pytest.mark.parametrize("type_name", ("Q4_K", "Q5_K", "Q6_K"))
+@pytest.mark.parametrize("type_name", ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 def test_amx_tiles_compute_the_avx512_kernels_bits(amx, type_name):
     rng = np.random.default_rng(11)
     tid = ggml_type(type_name).id

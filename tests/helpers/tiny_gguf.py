@@ -155,34 +155,14 @@ def random_blocks(rng: np.random.Generator, type_name: str, rows: int, cols: int
     return raw.reshape(rows, -1)
 
 
-def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int = 256, layers: int = 2,
-                   heads: int = 4, kv_heads: int = 2, inter: int = 512, types: dict | None = None,
-                   noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0) -> Path:
-    """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
-    to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
-    sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
-    tokens (another tokenizer)."""
+def _writer(path: Path, arch: str, name: str, hidden: int, layers: int, heads: int, kv_heads: int, inter: int,
+            vocab: dict):
+    """A GGUFWriter with the model's metadata and the byte tokenizer of `vocab` (token -> id)."""
     import gguf
 
-    types = {"linear": "Q4_K", "down": "Q6_K", "v": "Q6_K", "embed": "Q4_K", "output": "Q6_K", **(types or {})}
-    from .tiny import BASE_VOCAB
-
-    tok = make_tokenizer(BASE_VOCAB + vocab_extra)
-    vocab = tok.get_vocab()
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    rng = np.random.default_rng(seed)
-    noise_rng = np.random.default_rng(10_000 + seed)
-
-    def blocks(name: str, rows: int, cols: int, type_name: str, scale: float = 1.0) -> np.ndarray:
-        if type_name in RANDOM_ONLY:  # no encoder here: random valid blocks
-            return random_blocks(rng, type_name, rows, cols)
-        values = rng.normal(0.0, 0.2, (rows, cols)).astype(np.float32) * scale  # like tests/helpers/tiny.py's models
-        if noise > 0:
-            values = values + noise * noise_rng.standard_normal(values.shape).astype(np.float32)
-        return encode(values, type_name)
-
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}-{seed}")
+    w.add_name(name)
     w.add_block_count(layers)
     w.add_context_length(512)
     w.add_embedding_length(hidden)
@@ -201,6 +181,77 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     w.add_eos_token_id(vocab["</s>"])
     w.add_pad_token_id(vocab["<pad>"])
     w.add_chat_template(CHAT_TEMPLATE)
+    return w
+
+
+def save_shape_twin(path: Path, layers: int = 2, hidden: int = 8192, inter: int = 28672, heads: int = 64,
+                    kv_heads: int = 8, type_name: str = "IQ4_XS", output: str = "Q6_K", seed: int = 0) -> Path:
+    """A llama GGUF with a big model's shapes (default: Llama-3-70B's) and `layers` layers of random valid blocks of
+    `type_name` (the LM head `output`), the tiny byte vocabulary. Written a tensor at a time: no float weights are
+    made, and the largest array in memory is one tensor's blocks (125 MB for a 70B's FFN in IQ4_XS)."""
+    import gguf
+
+    from .tiny import BASE_VOCAB
+
+    rng = np.random.default_rng(seed)
+    vocab = make_tokenizer(BASE_VOCAB).get_vocab()
+    kv = kv_heads * (hidden // heads)
+    tensors = [("token_embd.weight", len(vocab), hidden, type_name)]
+    for i in range(layers):
+        p = f"blk.{i}."
+        tensors += [(p + "attn_norm.weight", 0, hidden, "F32"), (p + "ffn_norm.weight", 0, hidden, "F32"),
+                    (p + "attn_q.weight", hidden, hidden, type_name), (p + "attn_k.weight", kv, hidden, type_name),
+                    (p + "attn_v.weight", kv, hidden, type_name), (p + "attn_output.weight", hidden, hidden, type_name),
+                    (p + "ffn_gate.weight", inter, hidden, type_name), (p + "ffn_up.weight", inter, hidden, type_name),
+                    (p + "ffn_down.weight", hidden, inter, type_name)]
+    tensors += [("output_norm.weight", 0, hidden, "F32"), ("output.weight", len(vocab), hidden, output)]
+    w = _writer(path, "llama", "shape-twin", hidden, layers, heads, kv_heads, inter, vocab)
+    for name, rows, cols, t in tensors:
+        qt = gguf.GGMLQuantizationType[t]
+        if rows == 0:  # a norm: F32 (cols,)
+            w.add_tensor_info(name, (cols,), np.dtype(np.float32), 4 * cols)
+        else:
+            block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+            w.add_tensor_info(name, (rows, cols // block * nbytes), np.dtype(np.uint8), rows * cols // block * nbytes,
+                              raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, rows, cols, t in tensors:
+        if rows == 0:
+            w.write_tensor_data((1.0 + 0.05 * rng.standard_normal(cols)).astype(np.float32))
+        else:
+            w.write_tensor_data(random_blocks(rng, t, rows, cols))
+    w.close()
+    return Path(path)
+
+
+def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int = 256, layers: int = 2,
+                   heads: int = 4, kv_heads: int = 2, inter: int = 512, types: dict | None = None,
+                   noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0) -> Path:
+    """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
+    to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
+    sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
+    tokens (another tokenizer)."""
+    import gguf
+
+    types = {"linear": "Q4_K", "down": "Q6_K", "v": "Q6_K", "embed": "Q4_K", "output": "Q6_K", **(types or {})}
+    from .tiny import BASE_VOCAB
+
+    tok = make_tokenizer(BASE_VOCAB + vocab_extra)
+    vocab = tok.get_vocab()
+    rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng(10_000 + seed)
+
+    def blocks(name: str, rows: int, cols: int, type_name: str, scale: float = 1.0) -> np.ndarray:
+        if type_name in RANDOM_ONLY:  # no encoder here: random valid blocks
+            return random_blocks(rng, type_name, rows, cols)
+        values = rng.normal(0.0, 0.2, (rows, cols)).astype(np.float32) * scale  # like tests/helpers/tiny.py's models
+        if noise > 0:
+            values = values + noise * noise_rng.standard_normal(values.shape).astype(np.float32)
+        return encode(values, type_name)
+
+    w = _writer(path, arch, f"tiny-{arch}-{seed}", hidden, layers, heads, kv_heads, inter, vocab)
 
     def add(name: str, raw: np.ndarray, type_name: str, cols: int) -> None:
         qt = gguf.GGMLQuantizationType[type_name]
@@ -209,7 +260,7 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     def floats(name: str, n: int, mean: float = 1.0) -> None:
         w.add_tensor(name, (mean + 0.05 * rng.standard_normal(n)).astype(np.float32))
 
-    v = len(tokens)
+    v = len(vocab)
     head_dim = hidden // heads
     add("token_embd.weight", blocks("embed", v, hidden, types["embed"]), types["embed"], hidden)
     for i in range(layers):

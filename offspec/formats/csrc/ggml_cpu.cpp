@@ -86,7 +86,8 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   if (!xo.empty()) xs.o = xo.data();
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
 #ifdef OFFSPEC_AMX
-  if ((type == Q4_K || type == Q5_K || type == Q6_K) && M >= amx_min_rows(type, K) && amx::enabled().load())
+  if ((type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS) && M >= amx_min_rows(type, K) &&
+      amx::enabled().load())
     done = amx::kgemm(type, wp, rb, N, xs, yp);
 #endif
   at::parallel_for(done, N, GRAIN, [&](int64_t n0, int64_t n1) {

@@ -114,8 +114,10 @@ struct XSet {  // M quantized activation rows
 };
 
 // What the signed legacy types add to their weights to make them unsigned bytes (q + offset: Q4_0's and Q5_0's
-// stored values, Q8_0's with the top bit flipped); 0 for the others.
-constexpr int legacy_offset(int64_t type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0; }
+// stored values, Q8_0's with the top bit flipped, IQ4_NL's table values + 128); 0 for the others.
+constexpr int legacy_offset(int64_t type) {
+  return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 || type == IQ4_NL ? 128 : 0;
+}
 
 // The lanes' offset terms of XSet::o: o[m][i] = -offset * (x[4i] + x[4i+1] + x[4i+2] + x[4i+3]) of row m.
 inline void offset_lanes(const int8_t* q, int64_t K, int offset, int32_t* o) {

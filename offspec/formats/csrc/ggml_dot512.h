@@ -152,7 +152,7 @@ void tile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystr
 // which leaves it the exact int32 sum of q * x that tile512 computes: the same float steps on the same integers.
 constexpr bool unsigned_legacy(int64_t type) {
 #ifdef __AVX512VNNI__
-  return type == Q4_0 || type == Q5_0 || type == Q8_0;
+  return type == Q4_0 || type == Q5_0 || type == Q8_0 || type == IQ4_NL;
 #else
   return type == Q4_0 || type == Q5_0;  // maddubs' 16-bit pair sums hold 2 * 31 * 127, not 2 * 255 * 127
 #endif
@@ -164,7 +164,7 @@ inline __m512i legacy_unsigned2(const uint8_t* b0, const uint8_t* b1) {
   if constexpr (T == Q8_0) {
     return _mm512_xor_si512(join256(load32u(b0 + 2), load32u(b1 + 2)), _mm512_set1_epi8((char)0x80));
   } else {
-    constexpr int qs = T == Q4_0 ? 2 : 6;  // the 16 bytes of nibbles: elements 0-15 low, 16-31 high
+    constexpr int qs = T == Q5_0 ? 6 : 2;  // the 16 bytes of nibbles: elements 0-15 low, 16-31 high
     const __m512i both = join256(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + qs))),
                                  _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + qs))));
     // the second copy of each block's bytes shifted to their high nibbles (16-bit lanes 8-15 and 24-31)
@@ -174,6 +174,10 @@ inline __m512i legacy_unsigned2(const uint8_t* b0, const uint8_t* b1) {
       std::memcpy(&h0, b0 + 2, 4);
       std::memcpy(&h1, b1 + 2, 4);
       v = _mm512_mask_add_epi8(v, _cvtu64_mask64((uint64_t)h1 << 32 | h0), v, _mm512_set1_epi8(16));
+    }
+    if constexpr (T == IQ4_NL) {  // the nibbles index IQ4_NL's table, here + 128 (unsigned bytes 1 .. 241)
+      const __m128i k = _mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL));
+      v = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(k, _mm_set1_epi8((char)0x80))), v);
     }
     return v;
   }
