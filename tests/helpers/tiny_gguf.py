@@ -4,7 +4,9 @@
 tests/helpers/tiny.py) encoded as ggml blocks of the given types, norms and biases F32, the byte tokenizer of
 tests/helpers/tiny.py as a "gpt2" tokenizer, and a chat template. transformers reads it like any GGUF, and
 `gguf.dequantize` gives the float weights it stands for. `noise` perturbs the weights of the model `seed` gives:
-a draft that mostly agrees with it. `random_blocks` makes arbitrary valid blocks of any type (kernel tests).
+a draft that mostly agrees with it. `random_blocks` makes arbitrary valid blocks of any type (kernel tests; the
+lattice IQ types, which have no encoder here, are written as random blocks); `save_shape_twin` writes a GGUF with a big
+model's shapes, a tensor at a time.
 """
 
 from __future__ import annotations
