@@ -16,10 +16,10 @@ from helpers.tiny_gguf import random_blocks
 
 from offspec.formats import kernels
 from offspec.formats.dequant import dequantize as torch_dequantize
-from offspec.formats.ggml import KERNEL_NAMES, ggml_type
+from offspec.formats.ggml import INTEGER_NAMES, KERNEL_NAMES, activation_block, ggml_type
 from offspec.formats.quantize import quantize_rows, weight_type
 
-INTEGER = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # activations quantized to 8 bits
+INTEGER = INTEGER_NAMES  # activations quantized to 8 bits
 
 
 def blocks(type_name: str, rows: int = 24, cols: int = 512, seed: int = 0) -> torch.Tensor:
@@ -79,9 +79,9 @@ def test_the_torch_decoders_neither_copy_from_the_host_nor_read_back(type_name):
 
 
 def _quantized_activations(x: np.ndarray, type_name: str) -> np.ndarray:
-    """What the kernels multiply with: each block (256 values for the K-quants, ggml's Q8_K; else 32, Q8_0)
-    rounded to int8 times its float32 scale max|x|/127."""
-    block = 256 if type_name.endswith("_K") else 32
+    """What the kernels multiply with: each block (256 values for the K-quants and IQ4_XS, ggml's Q8_K; else 32,
+    Q8_0) rounded to int8 times its float32 scale max|x|/127."""
+    block = activation_block(type_name)
     xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
     d = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
     inv = np.where(d != 0, np.float32(1) / np.where(d == 0, 1, d), 0).astype(np.float32)

@@ -1,7 +1,8 @@
 """A GGUF stays in its own ggml blocks: conversion into the weight store, exact weights, loading (resident and
 streamed), losslessness of speculation, damage detection, interrupted conversions and early refusals.
 
-Tier 2: tiny random GGUFs written by tests/helpers/tiny_gguf.py (Q4_K/Q6_K like a Q4_K_M file, plus other types)."""
+Tier 2: tiny random GGUFs written by tests/helpers/tiny_gguf.py (Q4_K/Q6_K like a Q4_K_M file, plus other types: the
+legacy ones, IQ4_XS / IQ4_NL, and the lattice (IQ1-IQ3) and ternary (TQ) types as random valid blocks)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.tiny_gguf import mapped_file, save_tiny_gguf
+from helpers.tiny_gguf import mapped_file, save_shape_twin, save_tiny_gguf
 
 import offspec
 from offspec import OffspecError
 from offspec.formats import kernels
 from offspec.formats.dequant import dequantize as torch_dequantize
-from offspec.formats.ggml import KERNEL_TYPES
+from offspec.formats.ggml import INTEGER_NAMES, KERNEL_TYPES, activation_block
 from offspec.formats.modules import QEmbedding, QLinear
 from offspec.models.convert import ensure_converted
 from offspec.store.entry import MANIFEST, converted_dir, gguf_key, verify_entry
@@ -39,7 +40,16 @@ def ggufs(tmp_path_factory) -> dict:
     out["tied"] = save_tiny_gguf(root / "tied.gguf", "llama", seed=2, tied=True)
     out["legacy"] = save_tiny_gguf(root / "legacy.gguf", "qwen2", seed=3, types={
         "linear": "Q5_0", "down": "Q4_1", "v": "Q8_0", "embed": "Q5_1", "output": "Q4_0"})
+    for name, noise in (("iq4", 0.0), ("iq4-draft", 0.002)):  # like an IQ4_XS file (IQ4_NL where rows are short)
+        out[name] = save_tiny_gguf(root / f"{name}.gguf", "llama", seed=5, layers=8, noise=noise, types=IQ4)
+    out["lattice"] = save_tiny_gguf(root / "lattice.gguf", "qwen2", seed=6, types={
+        "linear": "IQ2_XXS", "down": "IQ2_XS", "v": "IQ2_S", "embed": "TQ1_0", "output": "IQ3_XXS"})
+    out["lattice2"] = save_tiny_gguf(root / "lattice2.gguf", "llama", seed=7, types={
+        "linear": "IQ3_S", "down": "IQ1_S", "v": "IQ1_M", "embed": "TQ2_0", "output": "IQ4_NL"})
     return out
+
+
+IQ4 = {"linear": "IQ4_XS", "down": "IQ4_XS", "v": "IQ4_NL", "embed": "IQ4_XS", "output": "IQ4_NL"}
 
 
 @pytest.fixture
@@ -66,24 +76,50 @@ def _lowbit(model) -> dict:
 # --- conversion ----------------------------------------------------------------------------------
 
 
-def test_conversion_keeps_the_gguf_blocks_at_the_gguf_size(cache, ggufs):
+@pytest.mark.parametrize("name,types", [("qwen2", {"Q4_K", "Q6_K"}), ("iq4", {"IQ4_XS", "IQ4_NL"}),
+                                        ("lattice", {"IQ2_XXS", "IQ2_XS", "IQ2_S", "TQ1_0", "IQ3_XXS"}),
+                                        ("lattice2", {"IQ3_S", "IQ1_S", "IQ1_M", "TQ2_0", "IQ4_NL"})])
+def test_conversion_keeps_the_gguf_blocks_at_the_gguf_size(cache, ggufs, name, types):
     import gguf as gguf_py
 
     events = []
-    entry = ensure_converted(ggufs["qwen2"], key=gguf_key(ggufs["qwen2"]), source="test", progress=events.append)
+    entry = ensure_converted(ggufs[name], key=gguf_key(ggufs[name]), source="test", progress=events.append)
     manifest = json.loads((entry / MANIFEST).read_text())
-    assert manifest["weights"] == "ggml" and set(manifest["types"]) == {"Q4_K", "Q6_K"}
+    assert manifest["weights"] == "ggml" and set(manifest["types"]) == types and manifest["notes"] == []
     assert any("kept as they are" in e.message for e in events)
-    reader = gguf_py.GGUFReader(str(ggufs["qwen2"]))
+    reader = gguf_py.GGUFReader(str(ggufs[name]))
     quantized = sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type.name != "F32")
     assert sum(manifest["types"].values()) == quantized  # every block stored once, as it is
     store = sum(f.stat().st_size for f in (entry / "weights").iterdir())
     files = len(list((entry / "weights").glob("*.bin")))
-    assert store <= ggufs["qwen2"].stat().st_size + files * 3 * 4096  # the GGUF's bytes plus headers and padding
+    assert store <= ggufs[name].stat().st_size + files * 3 * 4096  # the GGUF's bytes plus headers and padding
     assert verify_entry(entry) is None and verify_entry(entry, deep=True) is None
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama", "tied", "legacy"])
+@pytest.mark.slow
+def test_a_70b_shape_twin_in_iq4_xs_costs_no_more_on_disk_than_its_gguf(cache, tmp_path):
+    """Llama-3-70B's shapes (hidden 8192, FFN 28672, 64 heads, 8 KV heads) in IQ4_XS, 2 of its 80 layers (0.9 GB of
+    random valid blocks): each layer file holds the GGUF's blocks as they are, plus at most 12 KiB of header and
+    alignment, so the whole 70B entry costs what its file does (7.5x that before, in float32, when IQ4_XS had no
+    kernel); and the twin runs."""
+    import gguf as gguf_py
+
+    src = save_shape_twin(tmp_path / "twin.gguf", layers=2)
+    entry = ensure_converted(src, key=gguf_key(src), source="test")
+    manifest = json.loads((entry / MANIFEST).read_text())
+    assert manifest["weights"] == "ggml" and set(manifest["types"]) == {"IQ4_XS", "Q6_K"}
+    reader = gguf_py.GGUFReader(str(src))
+    for i in range(2):
+        layer = sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith(f"blk.{i}."))
+        assert layer > 400 * 2**20  # the 70B's layer: 855M weights at 4.25 bits
+        assert (entry / "weights" / f"layer-{i:04d}.bin").stat().st_size <= layer + 3 * 4096
+    stored = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())  # weights, config, tokenizer, manifest
+    assert stored <= src.stat().st_size + 2**20
+    gen = offspec.load(str(src), str(src), budget=4, **LOAD)
+    assert len(gen.generate("Hi", max_new_tokens=2, speculate=False).token_ids) == 2
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama", "tied", "legacy", "iq4", "lattice", "lattice2"])
 def test_stored_weights_are_bitwise_what_transformers_reads(cache, ggufs, name):
     gen = offspec.load(str(ggufs[name]), str(ggufs[name]), budget=4, **LOAD)
     model = gen.engine.target.model
@@ -100,13 +136,13 @@ def test_stored_weights_are_bitwise_what_transformers_reads(cache, ggufs, name):
 
 
 def _reference_linear(x, qweight, type_id, cols, bias=None):
-    """The kernels' arithmetic in float64: exact weights, activations rounded to 8 bits per block of 256 for the
-    K-quants (ggml's Q8_K), else per block of 32 (Q8_0)."""
+    """The kernels' arithmetic in float64: exact weights; for the types with integer kernels, activations rounded to
+    8 bits per block of 256 (K-quants, IQ4_XS: ggml's Q8_K), else per block of 32 (Q8_0)."""
     w = torch_dequantize(qweight, type_id, cols).double()
     xd = x.double().reshape(-1, cols)
     type_name = KERNEL_TYPES[type_id].name
-    if type_name not in ("F32", "F16", "BF16", "Q2_K", "Q3_K"):
-        blocks = xd.float().reshape(xd.shape[0], -1, 256 if type_name.endswith("_K") else 32)
+    if type_name in INTEGER_NAMES:
+        blocks = xd.float().reshape(xd.shape[0], -1, activation_block(type_name))
         d = blocks.abs().amax(-1, keepdim=True) / 127
         inv = torch.where(d != 0, 1 / torch.where(d == 0, torch.ones_like(d), d), torch.zeros_like(d))
         xd = (torch.round(blocks * inv) * d).double().reshape(xd.shape)
@@ -116,7 +152,7 @@ def _reference_linear(x, qweight, type_id, cols, bias=None):
     return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama", "legacy"])
+@pytest.mark.parametrize("name", ["qwen2", "llama", "legacy", "iq4", "lattice", "lattice2"])
 def test_every_low_bit_layer_computes_the_reference_arithmetic_on_its_inputs(cache, ggufs, name):
     """Inside the real forward pass, each QLinear's output equals a float64 reference of the kernels' arithmetic
     applied to the input it actually got (layer by layer: no amplification through depth)."""
@@ -164,7 +200,7 @@ def test_resident_weights_on_a_cpu_are_the_store_files_own_pages(cache, ggufs):
 # --- losslessness --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "iq4"])
 def test_speculative_greedy_equals_the_target_alone_resident_and_streamed(cache, ggufs, arch, tmp_path):
     target, draft = str(ggufs[arch]), str(ggufs[arch + "-draft"])
     resident = offspec.load(target, draft, **LOAD)
@@ -298,20 +334,10 @@ def test_quant_flags_on_a_gguf_and_nf4_on_a_cpu_are_refused_before_loading(cache
     assert not (cache / "models").exists()
 
 
-def test_a_tensor_type_without_a_kernel_is_stored_decoded_with_a_note(cache, tmp_path):
-    import gguf as gguf_py
-    from helpers.tiny_gguf import random_blocks
-
-    src = save_tiny_gguf(tmp_path / "iq.gguf", "qwen2", seed=4, types={"v": "IQ4_NL"})
-    events = []
-    entry = ensure_converted(src, key=gguf_key(src), source="test", progress=events.append)
-    assert any("IQ4_NL tensors have no offspec kernel" in e.message for e in events)
-    gen = offspec.load(str(src), str(src), budget=4, **LOAD)
-    v_proj = gen.engine.target.model.model.layers[0].self_attn.v_proj
-    assert KERNEL_TYPES[v_proj.type_id].name == "F32"
-    reader = {t.name: t for t in gguf_py.GGUFReader(str(src)).tensors}["blk.0.attn_v.weight"]
-    want = gguf_py.dequantize(reader.data, reader.tensor_type).reshape(v_proj.out_features, v_proj.in_features)
-    assert torch.equal(kernels.dequantize_rows(v_proj.qweight, v_proj.type_id, v_proj.in_features),
-                       torch.from_numpy(np.ascontiguousarray(want)))
-    assert json.loads((entry / MANIFEST).read_text())["notes"]
-    del random_blocks
+def test_a_tensor_type_no_code_path_reads_is_one_line_and_writes_nothing(cache, tmp_path):
+    src = save_tiny_gguf(tmp_path / "mxfp4.gguf", "qwen2", seed=4, types={"v": "MXFP4"})
+    with pytest.raises(OffspecError) as info:
+        offspec.load(str(src), str(src), **LOAD)
+    message = str(info.value)
+    assert "\n" not in message and "blk.0.attn_v.weight is MXFP4" in message and "another quantization" in message
+    assert not (cache / "models").exists() or not any((cache / "models").iterdir())  # nothing was written

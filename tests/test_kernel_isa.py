@@ -1,5 +1,6 @@
 """The CPU kernels' instruction sets: AVX-512 (two blocks per instruction) computes the AVX2 kernels' bits, the AMX
-tiles (K-quants of wide passes) compute the AVX-512 kernels' bits, and OFFSPEC_KERNEL_ISA picks the variant."""
+tiles (K-quants and IQ4_XS of wide passes) compute the AVX-512 kernels' bits, and OFFSPEC_KERNEL_ISA picks the
+variant."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from helpers.tiny_gguf import random_blocks
 
 from offspec.errors import OffspecError
 from offspec.formats import kernels
-from offspec.formats.ggml import ggml_type
+from offspec.formats.ggml import INTEGER_NAMES, activation_block, ggml_type
 from offspec.progress import no_progress
 
-INTEGER = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+INTEGER = INTEGER_NAMES
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def test_avx512_kernels_compute_the_avx2_kernels_bits(two_builds, type_name):
     wide, avx2 = two_builds
     assert "AVX-512" in wide.isa() and avx2.isa() == "AVX2"  # AMX too where the CPU has it (K-quants, 21 rows)
     # an odd number of blocks of 32 for the legacy types (the last block runs alone), 3 super-blocks for K-quants
-    cols = 768 if type_name.endswith("_K") else 480
+    cols = 768 if activation_block(type_name) == 256 else 480
     rng = np.random.default_rng(7)
     raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))
     x = torch.from_numpy(rng.standard_normal((21, cols)).astype(np.float32) * 3)  # tiles of 8, 4 and the rest
@@ -50,13 +51,14 @@ def no_vnni(two_builds):
     return kernels._compile(no_progress, flags)
 
 
-@pytest.mark.parametrize("type_name", ("Q4_0", "Q5_0", "Q8_0", "Q4_1"))
+@pytest.mark.parametrize("type_name", ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "IQ4_NL", "IQ4_XS"))
 def test_avx512_without_vnni_computes_the_same_bits(two_builds, no_vnni, type_name):
     wide, avx2 = two_builds
     assert no_vnni.isa() == "AVX-512"
     rng = np.random.default_rng(8)
     tid = ggml_type(type_name).id
-    for cols in (480, 512):  # an odd and an even number of blocks of 32
+    # an odd and an even number of blocks of 32 (of super-blocks of 256 for IQ4_XS)
+    for cols in ((480, 512) if activation_block(type_name) == 32 else (768, 512)):
         raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))
         x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
         x[2, :64] = 0.0  # activation blocks of zeros (scale 0)
@@ -79,7 +81,7 @@ def amx():
     ext.set_amx(True)
 
 
-@pytest.mark.parametrize("type_name", ("Q4_K", "Q5_K", "Q6_K"))
+@pytest.mark.parametrize("type_name", ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 def test_amx_tiles_compute_the_avx512_kernels_bits(amx, type_name):
     rng = np.random.default_rng(11)
     tid = ggml_type(type_name).id

@@ -7,8 +7,9 @@ and decides, per tensor:
   whole number of blocks, so the reorder is exact);
 - norms, biases and other small tensors become float32 (exact: they are F32/F16 in GGUF files), after the
   architecture's own fix-ups (transformers' tensor processors, e.g. Gemma's norm offset);
-- a weight of a type without an offspec kernel (the IQ* types, ...) is decoded once, exactly, to float32
-  blocks (type F32), and the plan says so in `notes`.
+- a weight of a type offspec cannot compute with (ggml.KERNEL_TYPES: every type of the GGUF files people run is
+  there, IQ and TQ types included) is refused in one line naming the type (`OffspecError`); nothing is ever
+  expanded to float32.
 Architectures whose GGUF tensors need more than a row reorder (fused or transposed layouts) are not
 importable (`ImportUnsupported`); the caller then falls back to a float conversion.
 """
@@ -23,7 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .ggml import F32, KERNEL_TYPES, has_kernel
+from offspec.errors import OffspecError
+
+from .ggml import KERNEL_TYPES, has_kernel
 
 
 class ImportUnsupported(Exception):
@@ -45,7 +48,6 @@ class TensorPlan:
     rows: int = 0
     cols: int = 0
     shape: tuple[int, ...] = ()  # float tensors
-    decode: bool = False  # lowbit of a type without a kernel: decoded to F32 blocks
     permute: Optional[tuple[int, int]] = None  # (heads, kv heads): llama q/k row reorder
 
     def entry(self) -> tuple:
@@ -111,7 +113,6 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
     plan = ImportPlan(config, arch, prefix, [[] for _ in layers_list], [], [])
     expected = {k for k in model.state_dict()}
     found: set[str] = set()
-    undecoded: set[str] = set()
     heads = (config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     for t in reader.tensors:
         hf_name = name_map.get(t.name)
@@ -127,14 +128,14 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         else:
             cols, rows = int(t.shape[0]), int(np.prod([int(s) for s in t.shape[1:]]))
             type_id = int(t.tensor_type)
-            decode = not has_kernel(type_id)
-            if decode:
-                undecoded.add(t.tensor_type.name)
+            if not has_kernel(type_id):
+                raise OffspecError(f"{Path(gguf_path).name}: tensor {t.name} is {t.tensor_type.name}, a ggml type "
+                                   f"offspec cannot compute with; use a GGUF of another quantization (e.g. Q4_K_M, "
+                                   f"IQ4_XS, Q8_0)")
             permute = None
             if processor_cls.__name__ == "LlamaTensorProcessor" and (".attn_q." in t.name or ".attn_k." in t.name):
                 permute = (heads[0], heads[0] if ".attn_q." in t.name else heads[1])
-            tp = TensorPlan(stored, t, lowbit=True, ggml=F32.id if decode else type_id, rows=rows, cols=cols,
-                            decode=decode, permute=permute)
+            tp = TensorPlan(stored, t, lowbit=True, ggml=type_id, rows=rows, cols=cols, permute=permute)
             tname = KERNEL_TYPES[tp.ggml].name
             plan.types[tname] = plan.types.get(tname, 0) + int(tp.rows * KERNEL_TYPES[tp.ggml].row_bytes(cols))
         if hf_name.startswith(prefix):
@@ -150,9 +151,6 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         missing = {k for k in missing if k != _output_name(model)}
     if missing:
         raise ImportUnsupported(f"the GGUF has no tensor for {sorted(missing)[0]}")
-    if undecoded:
-        plan.notes.append(f"{', '.join(sorted(undecoded))} tensors have no offspec kernel: stored decoded to float32 "
-                          f"(exact, larger)")
     return plan
 
 
@@ -181,13 +179,7 @@ def tensor_data(plan: TensorPlan, processor: Any) -> torch.Tensor:
     """The stored tensor for `plan`: blocks as (rows, row_bytes) uint8 (a copy of the file's bytes), or float32."""
     if not plan.lowbit:
         return torch.from_numpy(_processed_float(plan, processor))
-    if plan.decode:
-        import gguf
-
-        values = gguf.dequantize(plan.source.data, plan.source.tensor_type).reshape(plan.rows, plan.cols)
-        raw = np.ascontiguousarray(values.astype(np.float32)).view(np.uint8)
-    else:
-        raw = np.asarray(plan.source.data).reshape(plan.rows, -1).view(np.uint8)
+    raw = np.asarray(plan.source.data).reshape(plan.rows, -1).view(np.uint8)
     if plan.permute is not None:
         raw = raw[_row_order(plan.rows, *plan.permute)]
     return torch.from_numpy(np.array(raw, copy=True))  # owns its memory: the GGUF stays memory-mapped

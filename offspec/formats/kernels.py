@@ -24,11 +24,13 @@ from offspec.errors import OffspecError
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.util.paths import kernels_dir
 
+from .dequant import GRID_NAMES, grid_values
 from .dequant import dequantize as torch_dequantize
+from .ggml import ggml_type
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h", "attention.h",
-           "layer.h")
+SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h",
+           "attention.h", "layer.h")
 # "avx2": build without AVX-512 on a CPU that has it; "avx512": without AMX (the results are the same)
 ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
 AMX_FLAGS = ["-mavx512vbmi", "-mamx-tile", "-mamx-int8"]
@@ -108,6 +110,8 @@ def _compile(progress: ProgressFn, flags: list[str]) -> Any:
     if not done_marker.exists():
         done_marker.write_text(build_id)
         progress(ProgressEvent("kernels", message, finished=True))
+    for name in GRID_NAMES:  # the IQ types' lattice grids: gguf's own tables, handed to the decoders once
+        ext.set_grid(ggml_type(name).id, torch.from_numpy(grid_values(name)).to(torch.int8))
     return ext
 
 

@@ -4,7 +4,9 @@
 tests/helpers/tiny.py) encoded as ggml blocks of the given types, norms and biases F32, the byte tokenizer of
 tests/helpers/tiny.py as a "gpt2" tokenizer, and a chat template. transformers reads it like any GGUF, and
 `gguf.dequantize` gives the float weights it stands for. `noise` perturbs the weights of the model `seed` gives:
-a draft that mostly agrees with it. `random_blocks` makes arbitrary valid blocks of any type (kernel tests).
+a draft that mostly agrees with it. `random_blocks` makes arbitrary valid blocks of any type (kernel tests; the
+lattice IQ types, which have no encoder here, are written as random blocks); `save_shape_twin` writes a GGUF with a big
+model's shapes, a tensor at a time.
 """
 
 from __future__ import annotations
@@ -14,11 +16,17 @@ from pathlib import Path
 import numpy as np
 from .tiny import CHAT_TEMPLATE, SPECIALS, make_tokenizer
 
-# where the float16 scale fields sit in each block type, and the scale to put there
+# where the float16 scale fields sit in each block type (IQ1_M: spread over the top nibbles of its scale words,
+# see _iq1_m_scale), and the scale to put there (weights of roughly 0.01 - 0.2)
 HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
-               "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+               "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,),
+               "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
+               "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,)}
 SCALE = {"Q4_0": 0.02, "Q4_1": 0.02, "Q5_0": 0.01, "Q5_1": 0.01, "Q8_0": 0.002, "Q2_K": 0.004, "Q3_K": 0.004,
-         "Q4_K": 0.0006, "Q5_K": 0.0003, "Q6_K": 0.0002}
+         "Q4_K": 0.0006, "Q5_K": 0.0003, "Q6_K": 0.0002, "IQ4_NL": 0.002, "IQ4_XS": 0.0001, "IQ2_XXS": 0.001,
+         "IQ2_XS": 0.001, "IQ2_S": 0.001, "IQ3_XXS": 0.0005, "IQ3_S": 0.0005, "IQ1_S": 0.01, "IQ1_M": 0.01,
+         "TQ1_0": 0.05, "TQ2_0": 0.05}
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 
 
 def _halves(x: np.ndarray) -> np.ndarray:
@@ -70,17 +78,60 @@ def _encode_q6_k(w: np.ndarray) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
+def _nearest_iq4(v: np.ndarray) -> np.ndarray:
+    """values in units of the block scale -> the index of the nearest entry of IQ4_NL's table (uint8)."""
+    return np.abs(v[..., None] - KVALUES_IQ4NL).argmin(-1).astype(np.uint8)
+
+
+def _pack_iq4(q: np.ndarray) -> np.ndarray:
+    """(..., 32) indices -> (..., 16) bytes: elements 0-15 in the low nibbles, 16-31 in the high ones."""
+    return q[..., :16] | (q[..., 16:] << 4)
+
+
+def _encode_iq4_nl(w: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks of float rows (the nearest table entry at scale max|x| / 127: valid, not llama.cpp's search)."""
+    rows, cols = w.shape
+    blk = w.reshape(rows, cols // 32, 32)
+    d = (np.abs(blk).max(-1) / 127).astype(np.float16)  # (rows, nb)
+    q = _nearest_iq4(blk / np.maximum(d.astype(np.float32), 1e-12)[..., None])
+    return np.concatenate([_halves(d), _pack_iq4(q)], axis=-1).reshape(rows, -1)
+
+
+def _encode_iq4_xs(w: np.ndarray) -> np.ndarray:
+    """IQ4_XS super-blocks of float rows: a scale per 32 as a multiple (0..31) of the super-block's d."""
+    rows, cols = w.shape
+    sub = w.reshape(rows, cols // 256, 8, 32)
+    scale = np.abs(sub).max(-1) / 127  # (rows, nb, 8)
+    d = (scale.max(-1) / 31).astype(np.float16)  # (rows, nb)
+    df = np.maximum(d.astype(np.float32), 1e-12)[..., None]
+    ls = np.clip(np.rint(scale / df), 1, 31).astype(np.int64)  # (rows, nb, 8): values ls, stored ls + 32
+    q = _nearest_iq4(sub / (df * ls)[..., None])  # (rows, nb, 8, 32)
+    stored = ls + 32
+    low = (stored & 0x0F).astype(np.uint8)
+    scales_l = low[..., 0::2] | (low[..., 1::2] << 4)  # (rows, nb, 4)
+    scales_h = sum(((stored[..., j] >> 4) & 3) << (2 * j) for j in range(8)).astype(np.uint16)  # (rows, nb)
+    parts = [_halves(d), scales_h.view(np.uint8).reshape(rows, -1, 2), scales_l, _pack_iq4(q).reshape(rows, -1, 128)]
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
+
+
 def encode(values: np.ndarray, type_name: str) -> np.ndarray:
     """(rows, cols) float32 -> (rows, row_bytes) uint8 blocks of `type_name` (gguf's quantizers, or the simple
-    k-quant encoders above)."""
+    k-quant and IQ4 encoders above)."""
     import gguf
 
+    if type_name == "IQ4_NL":
+        return _encode_iq4_nl(values)
+    if type_name == "IQ4_XS":
+        return _encode_iq4_xs(values)
     if type_name in ("Q4_K", "Q5_K"):
         return _encode_k45(values, type_name == "Q5_K")
     if type_name == "Q6_K":
         return _encode_q6_k(values)
     qt = gguf.GGMLQuantizationType[type_name]
     return np.ascontiguousarray(gguf.quantize(values.astype(np.float32), qt)).view(np.uint8).reshape(values.shape[0], -1)
+
+
+RANDOM_ONLY = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")  # lattice types: no encoder
 
 
 def random_blocks(rng: np.random.Generator, type_name: str, rows: int, cols: int) -> np.ndarray:
@@ -93,44 +144,27 @@ def random_blocks(rng: np.random.Generator, type_name: str, rows: int, cols: int
         values = (rng.standard_normal((rows, cols)) * 0.08).astype(np.float32)
         return np.ascontiguousarray(gguf.quantize(values, qt)).view(np.uint8).reshape(rows, -1)
     nb = cols // block
-    raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)
+    raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)  # any bytes are valid indices, signs, scales
     for i, off in enumerate(HALF_FIELDS[type_name]):
         scale = SCALE[type_name] * (1.0 if i == 0 else 0.5)
         halves = (rng.uniform(0.5, 1.5, (rows, nb)) * scale).astype(np.float16)
         raw[:, :, off : off + 2] = halves.view(np.uint8).reshape(rows, nb, 2)
+    if type_name == "IQ1_M":  # d's 16 bits in the top nibbles of the 4 scale words (bytes 48-55)
+        bits = (rng.uniform(0.5, 1.5, (rows, nb)) * SCALE[type_name]).astype(np.float16).view(np.uint16)
+        for i in range(4):
+            top = ((bits >> (4 * i)) & 0x0F).astype(np.uint8) << 4
+            raw[:, :, 49 + 2 * i] = (raw[:, :, 49 + 2 * i] & 0x0F) | top
     return raw.reshape(rows, -1)
 
 
-def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int = 256, layers: int = 2,
-                   heads: int = 4, kv_heads: int = 2, inter: int = 512, types: dict | None = None,
-                   noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0) -> Path:
-    """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
-    to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
-    sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
-    tokens (another tokenizer)."""
+def _writer(path: Path, arch: str, name: str, hidden: int, layers: int, heads: int, kv_heads: int, inter: int,
+            vocab: dict):
+    """A GGUFWriter with the model's metadata and the byte tokenizer of `vocab` (token -> id)."""
     import gguf
 
-    types = {"linear": "Q4_K", "down": "Q6_K", "v": "Q6_K", "embed": "Q4_K", "output": "Q6_K", **(types or {})}
-    from .tiny import BASE_VOCAB
-
-    tok = make_tokenizer(BASE_VOCAB + vocab_extra)
-    vocab = tok.get_vocab()
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    rng = np.random.default_rng(seed)
-    noise_rng = np.random.default_rng(10_000 + seed)
-
-    def blocks(name: str, rows: int, cols: int, type_name: str, scale: float = 1.0) -> np.ndarray:
-        if type_name.startswith("IQ"):  # no quantizer in gguf-py: random blocks with a small scale
-            raw = rng.integers(0, 256, (rows, cols // 32, 18), dtype=np.uint8)
-            raw[:, :, 0:2] = _halves((rng.uniform(0.5, 1.5, (rows, cols // 32)) * 0.005).astype(np.float32))
-            return raw.reshape(rows, -1)
-        values = rng.normal(0.0, 0.2, (rows, cols)).astype(np.float32) * scale  # like tests/helpers/tiny.py's models
-        if noise > 0:
-            values = values + noise * noise_rng.standard_normal(values.shape).astype(np.float32)
-        return encode(values, type_name)
-
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}-{seed}")
+    w.add_name(name)
     w.add_block_count(layers)
     w.add_context_length(512)
     w.add_embedding_length(hidden)
@@ -149,6 +183,77 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     w.add_eos_token_id(vocab["</s>"])
     w.add_pad_token_id(vocab["<pad>"])
     w.add_chat_template(CHAT_TEMPLATE)
+    return w
+
+
+def save_shape_twin(path: Path, layers: int = 2, hidden: int = 8192, inter: int = 28672, heads: int = 64,
+                    kv_heads: int = 8, type_name: str = "IQ4_XS", output: str = "Q6_K", seed: int = 0) -> Path:
+    """A llama GGUF with a big model's shapes (default: Llama-3-70B's) and `layers` layers of random valid blocks of
+    `type_name` (the LM head `output`), the tiny byte vocabulary. Written a tensor at a time: no float weights are
+    made, and the largest array in memory is one tensor's blocks (125 MB for a 70B's FFN in IQ4_XS)."""
+    import gguf
+
+    from .tiny import BASE_VOCAB
+
+    rng = np.random.default_rng(seed)
+    vocab = make_tokenizer(BASE_VOCAB).get_vocab()
+    kv = kv_heads * (hidden // heads)
+    tensors = [("token_embd.weight", len(vocab), hidden, type_name)]
+    for i in range(layers):
+        p = f"blk.{i}."
+        tensors += [(p + "attn_norm.weight", 0, hidden, "F32"), (p + "ffn_norm.weight", 0, hidden, "F32"),
+                    (p + "attn_q.weight", hidden, hidden, type_name), (p + "attn_k.weight", kv, hidden, type_name),
+                    (p + "attn_v.weight", kv, hidden, type_name), (p + "attn_output.weight", hidden, hidden, type_name),
+                    (p + "ffn_gate.weight", inter, hidden, type_name), (p + "ffn_up.weight", inter, hidden, type_name),
+                    (p + "ffn_down.weight", hidden, inter, type_name)]
+    tensors += [("output_norm.weight", 0, hidden, "F32"), ("output.weight", len(vocab), hidden, output)]
+    w = _writer(path, "llama", "shape-twin", hidden, layers, heads, kv_heads, inter, vocab)
+    for name, rows, cols, t in tensors:
+        qt = gguf.GGMLQuantizationType[t]
+        if rows == 0:  # a norm: F32 (cols,)
+            w.add_tensor_info(name, (cols,), np.dtype(np.float32), 4 * cols)
+        else:
+            block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+            w.add_tensor_info(name, (rows, cols // block * nbytes), np.dtype(np.uint8), rows * cols // block * nbytes,
+                              raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, rows, cols, t in tensors:
+        if rows == 0:
+            w.write_tensor_data((1.0 + 0.05 * rng.standard_normal(cols)).astype(np.float32))
+        else:
+            w.write_tensor_data(random_blocks(rng, t, rows, cols))
+    w.close()
+    return Path(path)
+
+
+def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int = 256, layers: int = 2,
+                   heads: int = 4, kv_heads: int = 2, inter: int = 512, types: dict | None = None,
+                   noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0) -> Path:
+    """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
+    to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
+    sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
+    tokens (another tokenizer)."""
+    import gguf
+
+    types = {"linear": "Q4_K", "down": "Q6_K", "v": "Q6_K", "embed": "Q4_K", "output": "Q6_K", **(types or {})}
+    from .tiny import BASE_VOCAB
+
+    tok = make_tokenizer(BASE_VOCAB + vocab_extra)
+    vocab = tok.get_vocab()
+    rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng(10_000 + seed)
+
+    def blocks(name: str, rows: int, cols: int, type_name: str, scale: float = 1.0) -> np.ndarray:
+        if type_name in RANDOM_ONLY:  # no encoder here: random valid blocks
+            return random_blocks(rng, type_name, rows, cols)
+        values = rng.normal(0.0, 0.2, (rows, cols)).astype(np.float32) * scale  # like tests/helpers/tiny.py's models
+        if noise > 0:
+            values = values + noise * noise_rng.standard_normal(values.shape).astype(np.float32)
+        return encode(values, type_name)
+
+    w = _writer(path, arch, f"tiny-{arch}-{seed}", hidden, layers, heads, kv_heads, inter, vocab)
 
     def add(name: str, raw: np.ndarray, type_name: str, cols: int) -> None:
         qt = gguf.GGMLQuantizationType[type_name]
@@ -157,7 +262,7 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     def floats(name: str, n: int, mean: float = 1.0) -> None:
         w.add_tensor(name, (mean + 0.05 * rng.standard_normal(n)).astype(np.float32))
 
-    v = len(tokens)
+    v = len(vocab)
     head_dim = hidden // heads
     add("token_embd.weight", blocks("embed", v, hidden, types["embed"]), types["embed"], hidden)
     for i in range(layers):

@@ -1,15 +1,15 @@
-// AMX tiles for the K-quants (Q4_K, Q5_K, Q6_K): the integer products of many activation rows at once on the tile
-// unit (Intel AMX-INT8), the float steps in AVX-512. Included by ggml_dot.h when built with -mamx-tile -mamx-int8
-// (and AVX-512 VBMI/VNNI, which every AMX CPU has).
+// AMX tiles for the K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS: the integer products of many activation rows at once on
+// the tile unit (Intel AMX-INT8), the float steps in AVX-512. Included by ggml_dot.h when built with -mamx-tile
+// -mamx-int8 (and AVX-512 VBMI/VNNI, which every AMX CPU has).
 //
 // Bit for bit the other kernels' results: a super-block's integer sum is exact on the tiles too, and the float
 // steps are KSteps' (ggml_dot.h), one chain per output in super-block order. So a tree pass that runs here and a
 // one-token pass that runs in ggml_dot512.h give the same logits.
 //
 // The sub-block scales are applied to the weights before the tiles see them: v = scale * q fits 16 bits (Q4_K:
-// 0..945, Q5_K: 0..1953, Q6_K: -4096..4064) and is split into its low byte (unsigned) and high byte (signed), so
-// isum = sum(lo * x) + 256 * sum(hi * x): two tile products per 64 weights, both exact in int32. The minimums'
-// term of Q4_K/Q5_K (sum_j m_j sum(x_j), int16 operands) is a VNNI product in the float step.
+// 0..945, Q5_K: 0..1953, Q6_K: -4096..4064, IQ4_XS: -3937..4064) and is split into its low byte (unsigned) and high
+// byte (signed), so isum = sum(lo * x) + 256 * sum(hi * x): two tile products per 64 weights, both exact in int32.
+// The minimums' term of Q4_K/Q5_K (sum_j m_j sum(x_j), int16 operands) is a VNNI product in the float step.
 //
 // Shapes: 16 weight rows x 16 activation rows per C tile, 64 weights (one chunk) per A/B tile; a super-block is
 // 4 chunks. Each super-block of a group of 16 weight rows is decoded once (8 KiB of A tiles, which stay in L1),
@@ -133,12 +133,15 @@ void decode_row(const uint8_t* blk, int r, Weights& out) {
   const KBlock<T> kb(blk);
   out.d[r] = kb.d;
   out.dmin[r] = kb.dmin;
-  if constexpr (T != Q6_K)
+  if constexpr (KBlock<T>::MIN)
     for (int p = 0; p < 4; p++) out.mins[r][p] = (int32_t)kb.mn[2 * p] | ((int32_t)kb.mn[2 * p + 1] << 16);
   const __m512i nib = _mm512_set1_epi16(0x0F);
   for (int c = 0; c < 4; c++) {
     __m512i p0, p1;  // scale * q of weights 64c .. +31 and 64c + 32 .. +63 (sub-blocks 2c and 2c + 1)
-    if constexpr (T == Q6_K) {
+    if constexpr (T == IQ4_XS) {  // table values (-127 .. 113) times the sub-block scale (-32 .. 31)
+      p0 = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(kb.q(2 * c)), _mm512_set1_epi16(kb.ls[2 * c]));
+      p1 = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(kb.q(2 * c + 1)), _mm512_set1_epi16(kb.ls[2 * c + 1]));
+    } else if constexpr (T == Q6_K) {
       const int h = c / 2, up = c % 2;  // which 128 weights; low (0) or high (1) nibbles and 2-bit pairs
       const __m512i qh = widen(blk + 128 + h * 32);
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
@@ -257,6 +260,7 @@ inline int64_t kgemm(int64_t type, const uint8_t* w, int64_t rb, int64_t N, cons
       switch (type) {
         case Q4_K: row_group<Q4_K>(wg, rb, xs, wt, acc.data(), yg, N); break;
         case Q5_K: row_group<Q5_K>(wg, rb, xs, wt, acc.data(), yg, N); break;
+        case IQ4_XS: row_group<IQ4_XS>(wg, rb, xs, wt, acc.data(), yg, N); break;
         default: row_group<Q6_K>(wg, rb, xs, wt, acc.data(), yg, N); break;
       }
     }

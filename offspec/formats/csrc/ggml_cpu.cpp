@@ -86,7 +86,9 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   if (!xo.empty()) xs.o = xo.data();
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
 #ifdef OFFSPEC_AMX
-  if (ab == 256 && M >= amx_min_rows(type, K) && amx::enabled().load()) done = amx::kgemm(type, wp, rb, N, xs, yp);
+  if ((type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS) && M >= amx_min_rows(type, K) &&
+      amx::enabled().load())
+    done = amx::kgemm(type, wp, rb, N, xs, yp);
 #endif
   at::parallel_for(done, N, GRAIN, [&](int64_t n0, int64_t n1) {
     dot_rows(type, wp + n0 * rb, rb, n1 - n0, xs, yp + n0, N);
@@ -157,5 +159,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend_exact, "attention per query over its visible keys only (row invariant)");
   m.def("decoder_layer", &decoder_layer, "one llama-family decoder layer (layer.h)");
   m.def("isa", &isa, "the instruction set the kernels were built for");
+  m.def("set_grid", &set_grid, "the lattice grid of an IQ type, (entries, 8 or 4) int8 (once, at load)");
   m.def("set_amx", &set_amx, "switch the AMX tiles off or on (the same results); returns whether they were on");
 }

@@ -16,6 +16,8 @@ namespace offspec {
 enum GgmlType : int64_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
   Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23, IQ1_M = 29,
+  TQ1_0 = 34, TQ2_0 = 35,
 };
 
 struct Layout { int64_t block; int64_t bytes; };
@@ -35,6 +37,17 @@ Layout layout_of(int64_t type) {
     case Q4_K: return {256, 144};
     case Q5_K: return {256, 176};
     case Q6_K: return {256, 210};
+    case IQ4_NL: return {32, 18};
+    case IQ4_XS: return {256, 136};
+    case IQ2_XXS: return {256, 66};
+    case IQ2_XS: return {256, 74};
+    case IQ2_S: return {256, 82};
+    case IQ3_XXS: return {256, 98};
+    case IQ3_S: return {256, 110};
+    case IQ1_S: return {256, 50};
+    case IQ1_M: return {256, 56};
+    case TQ1_0: return {256, 54};
+    case TQ2_0: return {256, 66};
     default: TORCH_CHECK(false, "offspec: no CPU kernel for ggml type ", type);
   }
   return {0, 0};
@@ -225,6 +238,12 @@ void dec_q6_k(const uint8_t* b, float* out) {
   }
 }
 
+}  // namespace offspec
+
+#include "ggml_decode_iq.h"  // the IQ and TQ types' decoders (they use half_at above)
+
+namespace offspec {
+
 // One whole row of K elements.
 void decode_row(int64_t type, const uint8_t* row, int64_t K, float* out) {
   switch (type) {
@@ -251,6 +270,17 @@ void decode_row(int64_t type, const uint8_t* row, int64_t K, float* out) {
     case Q4_K: dec = dec_q4_k; break;
     case Q5_K: dec = dec_q5_k; break;
     case Q6_K: dec = dec_q6_k; break;
+    case IQ4_NL: dec = dec_iq4_nl; break;
+    case IQ4_XS: dec = dec_iq4_xs; break;
+    case IQ2_XXS: dec = dec_iq2_xxs; break;
+    case IQ2_XS: dec = dec_iq2_xs; break;
+    case IQ2_S: dec = dec_iq2_s; break;
+    case IQ3_XXS: dec = dec_iq3_xxs; break;
+    case IQ3_S: dec = dec_iq3_s; break;
+    case IQ1_S: dec = dec_iq1_s; break;
+    case IQ1_M: dec = dec_iq1_m; break;
+    case TQ1_0: dec = dec_tq1_0; break;
+    case TQ2_0: dec = dec_tq2_0; break;
     default: TORCH_CHECK(false, "offspec: no CPU kernel for ggml type ", type);
   }
   for (int64_t i = 0, n = K / lay.block; i < n; i++) dec(row + i * lay.bytes, out + i * lay.block);

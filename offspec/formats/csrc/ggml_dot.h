@@ -43,8 +43,10 @@ inline void quantize_row(const float* x, int64_t K, int64_t ab, int8_t* q, float
   }
 }
 
-// The activation block of a weight type: 256 for the K-quants, else 32.
-inline int64_t activation_block(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : QB; }
+// The activation block of a weight type: 256 for the K-quants and IQ4_XS (super-blocks of 256), else 32.
+inline int64_t activation_block(int64_t type) {
+  return type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ? 256 : QB;
+}
 
 #ifdef OFFSPEC_AVX2
 inline float hsum(__m256 v) {
@@ -82,6 +84,12 @@ inline __m256i bits_32(const uint8_t* p) {  // 32 bits (little endian) -> 32 byt
   return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
 }
 
+// 32 nibbles (nibbles_32's order) -> their int8 values in IQ4_NL's non-linear table (a byte shuffle per lane)
+inline __m256i iq4_values(__m256i nibbles) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL)));
+  return _mm256_shuffle_epi8(table, nibbles);
+}
+
 inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256i load32u(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 #endif
@@ -106,8 +114,10 @@ struct XSet {  // M quantized activation rows
 };
 
 // What the signed legacy types add to their weights to make them unsigned bytes (q + offset: Q4_0's and Q5_0's
-// stored values, Q8_0's with the top bit flipped); 0 for the others.
-constexpr int legacy_offset(int64_t type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0; }
+// stored values, Q8_0's with the top bit flipped, IQ4_NL's table values + 128); 0 for the others.
+constexpr int legacy_offset(int64_t type) {
+  return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 || type == IQ4_NL ? 128 : 0;
+}
 
 // The lanes' offset terms of XSet::o: o[m][i] = -offset * (x[4i] + x[4i+1] + x[4i+2] + x[4i+3]) of row m.
 inline void offset_lanes(const int8_t* q, int64_t K, int offset, int32_t* o) {
@@ -142,12 +152,12 @@ using XVec = const int8_t*;
 inline XVec xload(const int8_t* p) { return p; }
 #endif
 
-// Legacy types, one block of 32 per step. Q4_0 -> q - 8, Q5_0 -> q - 16, Q8_0 -> q (signed, w = d q');
-// Q4_1 / Q5_1 -> q (unsigned, w = d q + m).
+// Legacy types, one block of 32 per step. Q4_0 -> q - 8, Q5_0 -> q - 16, Q8_0 -> q, IQ4_NL -> kvalues[q] (signed,
+// w = d q'); Q4_1 / Q5_1 -> q (unsigned, w = d q + m).
 template <int64_t T>
 struct Legacy {
   static constexpr int64_t TYPE = T;
-  static constexpr int64_t BYTES = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
+  static constexpr int64_t BYTES = T == Q4_0 || T == IQ4_NL ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
   static constexpr bool MIN = T == Q4_1 || T == Q5_1;
   const uint8_t* blk;
   float d, m;
@@ -157,12 +167,20 @@ struct Legacy {
     if (T == Q4_0) return _mm256_sub_epi8(nibbles_32(blk + 2), _mm256_set1_epi8(8));
     if (T == Q5_0) return _mm256_sub_epi8(_mm256_or_si256(nibbles_32(blk + 6), bits_32(blk + 2)), _mm256_set1_epi8(16));
     if (T == Q8_0) return load32u(blk + 2);
+    if (T == IQ4_NL) return iq4_values(nibbles_32(blk + 2));
     if (T == Q4_1) return nibbles_32(blk + 4);
     return _mm256_or_si256(nibbles_32(blk + 8), bits_32(blk + 4));  // Q5_1
 #else
     QVec r;
     if (T == Q8_0) {
       std::memcpy(r.v, blk + 2, 32);
+      return r;
+    }
+    if (T == IQ4_NL) {
+      for (int j = 0; j < 16; j++) {
+        r.v[j] = KVALUES_IQ4NL[blk[2 + j] & 0x0F];
+        r.v[j + 16] = KVALUES_IQ4NL[blk[2 + j] >> 4];
+      }
       return r;
     }
     const uint8_t* qs = blk + (T == Q4_0 ? 2 : T == Q4_1 ? 4 : T == Q5_0 ? 6 : 8);
@@ -306,6 +324,55 @@ struct KBlock {
     return t;
   }
 #endif
+};
+
+// IQ4_XS: super-blocks of 256 in 8 sub-blocks of 32, each with a 6-bit scale (stored + 32) and 4-bit indices into
+// IQ4_NL's table; the activations come in blocks of 256 as for the K-quants, and the integer sums and float steps
+// are Q6_K's (signed weights, sub-block scales applied in integers, no minimums): KBlock's interface, so ktile,
+// kwtile and ksums run it as they run the K-quants.
+template <>
+struct KBlock<IQ4_XS> {
+  static constexpr int64_t BYTES = 136;
+  static constexpr bool MIN = false;
+  const uint8_t* blk;
+  float d, dmin = 0.0f;
+  int8_t ls[8];  // the sub-block scales, -32 .. 31
+  explicit KBlock(const uint8_t* p) : blk(p), d(half_at(p)) {
+    for (int j = 0; j < 8; j++) ls[j] = (int8_t)(iq4xs_scale(p, j) - 32);
+  }
+  // the 32 weights of sub-block j (int8 values of the table, -127 .. 113)
+  QVec q(int j) const {
+#ifdef OFFSPEC_AVX2
+    return iq4_values(nibbles_32(blk + 8 + 16 * j));
+#else
+    QVec r;
+    for (int l = 0; l < 16; l++) {
+      r.v[l] = KVALUES_IQ4NL[blk[8 + 16 * j + l] & 0x0F];
+      r.v[l + 16] = KVALUES_IQ4NL[blk[8 + 16 * j + l] >> 4];
+    }
+    return r;
+#endif
+  }
+#ifdef OFFSPEC_AVX2
+  using Scales = __m256i;  // 16 x int16: the sub-block's scale
+  Scales scales(int j) const { return _mm256_set1_epi16(ls[j]); }
+  // 8 x int32: the scaled products of sub-block j with 32 activations (|pair sum| <= 2 * 127 * 127: no saturation;
+  // |sum| < 2^28 per super-block)
+  static __m256i isum(__m256i q, Scales sv, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)), sv);
+  }
+  int min_vec() const { return 0; }  // no minimums (MIN is false: never called)
+#else
+  using Scales = int;
+  Scales scales(int j) const { return j; }
+  int32_t isum(const QVec& q, Scales j, XVec xq) const {
+    int32_t part = 0;
+    for (int l = 0; l < 32; l++) part += (int32_t)q.v[l] * xq[l];
+    return part * ls[j];
+  }
+  int min_vec() const { return 0; }
+#endif
+  int32_t min_prod(int, const int32_t*) const { return 0; }
 };
 
 #ifdef OFFSPEC_AVX2
@@ -624,7 +691,8 @@ inline float dot_f32(const float* a, const float* b, int64_t K) {
 // The types whose dot product runs on quantized activations.
 inline bool integer_kernel(int64_t type) {
   switch (type) {
-    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K: case Q6_K: return true;
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K: case Q6_K: case IQ4_NL: case IQ4_XS:
+      return true;
     default: return false;
   }
 }
@@ -636,6 +704,7 @@ inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, 
     case Q4_K: return krows<Q4_K>(w, rb, count, x, y, ystride);
     case Q5_K: return krows<Q5_K>(w, rb, count, x, y, ystride);
     case Q6_K: return krows<Q6_K>(w, rb, count, x, y, ystride);
+    case IQ4_XS: return krows<IQ4_XS>(w, rb, count, x, y, ystride);
     default: break;
   }
   for (int64_t i = 0; i < count; i++) {
@@ -647,6 +716,7 @@ inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, 
       case Q5_0: rows<Legacy<Q5_0>>(wi, x, yi, ystride); break;
       case Q5_1: rows<Legacy<Q5_1>>(wi, x, yi, ystride); break;
       case Q8_0: rows<Legacy<Q8_0>>(wi, x, yi, ystride); break;
+      case IQ4_NL: rows<Legacy<IQ4_NL>>(wi, x, yi, ystride); break;
       default: TORCH_CHECK(false, "offspec: no integer kernel for ggml type ", type);
     }
   }

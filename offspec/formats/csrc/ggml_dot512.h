@@ -47,7 +47,11 @@ inline void keep(__m512i& v) { __asm__("" : "+v"(v)); }
 // K-quant sub-blocks j and j + 1 (j even) in one register, sub-block j in the low half (KBlock::q's values)
 template <int64_t T>
 inline __m512i kq2(const KBlock<T>& b, int j) {
-  if constexpr (T == Q6_K) {
+  if constexpr (T == IQ4_XS) {  // sub-blocks j and j + 1: 32 consecutive bytes, each 16 low nibbles then high
+    const __m512i idx = join256(nibbles_32(b.blk + 8 + 16 * j), nibbles_32(b.blk + 24 + 16 * j));
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL)));
+    return _mm512_shuffle_epi8(table, idx);
+  } else if constexpr (T == Q6_K) {
     const int h = j / 4, s = j % 4;  // s is 0 or 2: the two sub-blocks read 64 consecutive bytes, shifted alike
     const __m512i src = _mm512_loadu_si512(b.blk + h * 64);
     const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(src, 4 * (s >> 1)), _mm512_set1_epi8(0x0F));
@@ -76,7 +80,7 @@ inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb
   for (int j = 0; j < 8; j += 2) {
     const __m512i q = kq2(blk, j);
     const __m512i sv = join256(blk.scales(j), blk.scales(j + 1));
-    if constexpr (T == Q6_K) {
+    if constexpr (T == Q6_K || T == IQ4_XS) {  // signed weights
       const Signed512 qs(q);
       for (int r = 0; r < R; r++) {
         const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
@@ -148,7 +152,7 @@ void tile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystr
 // which leaves it the exact int32 sum of q * x that tile512 computes: the same float steps on the same integers.
 constexpr bool unsigned_legacy(int64_t type) {
 #ifdef __AVX512VNNI__
-  return type == Q4_0 || type == Q5_0 || type == Q8_0;
+  return type == Q4_0 || type == Q5_0 || type == Q8_0 || type == IQ4_NL;
 #else
   return type == Q4_0 || type == Q5_0;  // maddubs' 16-bit pair sums hold 2 * 31 * 127, not 2 * 255 * 127
 #endif
@@ -160,7 +164,7 @@ inline __m512i legacy_unsigned2(const uint8_t* b0, const uint8_t* b1) {
   if constexpr (T == Q8_0) {
     return _mm512_xor_si512(join256(load32u(b0 + 2), load32u(b1 + 2)), _mm512_set1_epi8((char)0x80));
   } else {
-    constexpr int qs = T == Q4_0 ? 2 : 6;  // the 16 bytes of nibbles: elements 0-15 low, 16-31 high
+    constexpr int qs = T == Q5_0 ? 6 : 2;  // the 16 bytes of nibbles: elements 0-15 low, 16-31 high
     const __m512i both = join256(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + qs))),
                                  _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + qs))));
     // the second copy of each block's bytes shifted to their high nibbles (16-bit lanes 8-15 and 24-31)
@@ -170,6 +174,10 @@ inline __m512i legacy_unsigned2(const uint8_t* b0, const uint8_t* b1) {
       std::memcpy(&h0, b0 + 2, 4);
       std::memcpy(&h1, b1 + 2, 4);
       v = _mm512_mask_add_epi8(v, _cvtu64_mask64((uint64_t)h1 << 32 | h0), v, _mm512_set1_epi8(16));
+    }
+    if constexpr (T == IQ4_NL) {  // the nibbles index IQ4_NL's table, here + 128 (unsigned bytes 1 .. 241)
+      const __m128i k = _mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL));
+      v = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(k, _mm_set1_epi8((char)0x80))), v);
     }
     return v;
   }
