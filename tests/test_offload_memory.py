@@ -67,7 +67,7 @@ def _run(code: str, *args: str) -> str:
 def big_pair(tmp_path_factory):
     """A 16-layer hidden-768 random Llama (~380 MB float32) and a tiny draft, built in a child process."""
     root = tmp_path_factory.mktemp("big")
-    _run("import sys; from tiny import save_tiny_model; from pathlib import Path; r = Path(sys.argv[1]); "
+    _run("import sys; from helpers.tiny import save_tiny_model; from pathlib import Path; r = Path(sys.argv[1]); "
          "save_tiny_model(r / 'target', hidden=768, layers=16, heads=12, kv_heads=12); "
          "save_tiny_model(r / 'draft', layers=1)", str(root))
     return root / "target", root / "draft"
