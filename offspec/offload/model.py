@@ -27,6 +27,8 @@ from torch import nn
 
 from offspec.errors import OffspecError
 from offspec.formats import kernels
+from offspec.formats.gpu.choice import WORKSPACE_BYTES as GPU_WORKSPACE_BYTES
+from offspec.formats.gpu.choice import cuda_kernels
 from offspec.formats.modules import QEmbedding, QLinear, weight_format_summary
 from offspec.formats.quantize import quantize_rows
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
@@ -121,12 +123,14 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
-    """Bytes of weights decoded by torch at a time (formats.kernels), where the model has low-bit weights that
-    are decoded that way: on CUDA always, on a CPU only without the compiled kernels. NF4 decodes a whole
+    """Bytes of weights decoded at a time: on CUDA the Triton linears' scratch (formats/gpu), or where torch decodes
+    (formats.kernels: CUDA without Triton, a CPU without the compiled kernels) its bands. NF4 decodes a whole
     (out, in) weight in the compute dtype: its largest one (bitsandbytes' fallback for many rows)."""
     if sk.quant == "nf4":
         return max((m.in_features * m.out_features * 2 for layer in sk.layers for m in layer.modules()
                     if hasattr(m, "in_features") and hasattr(m, "out_features")), default=0)
+    if sk.quant in ("ggml", "int4", "int8") and device.type == "cuda" and cuda_kernels() == "triton":
+        return GPU_WORKSPACE_BYTES  # the Triton linears' scratch and split partials (formats/gpu/choice.py)
     if sk.quant in ("ggml", "int4", "int8") and (device.type != "cpu" or kernels.compiled() is None):
         return kernels.DECODE_WORKSPACE
     return 0
