@@ -11,31 +11,17 @@ on Linux x86-64) the tests say so and skip.
 """
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.interpreted import interpret
 
 from offspec import OffspecError
 
-ROOT = Path(__file__).parent.parent
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="needs Triton (pip install triton; a dev dependency on Linux x86-64)")
 ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
              "IQ4_NL", "IQ4_XS")
 MS = "1,3,16,17,64,1024"
-
-
-def interpret(*args: str):
-    """Run one check of tests/helpers/gpu_interp.py under TRITON_INTERPRET=1; its JSON result."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "gpu_interp.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @needs_triton

@@ -156,7 +156,8 @@ def main(argv: list[str]) -> None:
     if check == "decode":
         result = check_decode(args[0].split(","))
     elif check == "linear":
-        result = check_linear(args[0].split(","), args[1], int(args[2]), int(args[3]), [int(m) for m in args[4].split(",")])
+        ms = [int(m) for m in args[4].split(",")]
+        result = check_linear(args[0].split(","), args[1], int(args[2]), int(args[3]), ms)
     elif check == "group":
         result = check_group(args[0])
     else:

@@ -32,7 +32,7 @@ import torch
 
 from ..dequant import dequantize
 from ..ggml import GGMLType, ggml_type
-from .blocks import FLOATS, UNITS, triton
+from .blocks import UNITS, triton
 
 # the products' instruction: mma.sync everywhere (see above); read by Triton when it compiles, and part of its cache
 # key, so it is set before the first kernel of this process compiles

@@ -1,0 +1,206 @@
+"""Checks of offspec's CUDA decoder layer (offspec/formats/gpu/layer.py) on a tiny llama-family layer, run by
+tests/helpers/gpu_interp.py (Triton's interpreter on a CPU) or directly on a GPU (tests/test_cuda_layer.py).
+
+- `hf`: the layer against transformers' own (eager attention, the same decoded weights) over a prefill pass and a
+  tree pass; their outputs and the cache entries they write, relative error. In bfloat16 both are also measured
+  against transformers' layer in float32 on the same bfloat16 weights and inputs (`*_ours`, `*_theirs`): offspec's
+  layer should be no further from it than transformers' bfloat16 layer is.
+- `invariance`: a tree pass, then each node of one root-to-leaf path decoded alone after its ancestors were
+  committed (a fresh cache holding the same prefix): outputs and cache entries bit for bit; a prefill in one pass
+  and in two chunks: bit for bit. The attention's chunk is shrunk to 16 keys so that the prefix lengths of the two
+  ways cross chunk boundaries differently.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from helpers.tiny import tiny_config
+from helpers.tiny_gguf import random_blocks
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TYPES = {"q_proj": "Q4_K", "k_proj": "Q4_K", "v_proj": "Q6_K", "o_proj": "Q4_K", "gate_proj": "Q4_K",
+         "up_proj": "Q8_0", "down_proj": "Q6_K"}  # a Q4_K_M-like mix (and a 32-block type in the gate/up group)
+# a tree: parents of nodes 1.. (node 0 is the root); the path 0 -> 2 -> 5 -> 8 -> 11 -> 12 is checked alone
+PARENTS = [-1, 0, 0, 1, 2, 2, 3, 4, 5, 5, 7, 8, 11, 6]
+PATH = [0, 2, 5, 8, 11, 12]
+
+
+class TinyLayer:
+    """One random llama-family decoder layer (hidden 256, 4 heads of 64, 2 KV heads, MLP 512) in two forms: the
+    transformers layer with float weights (the decoded blocks) and offspec's `Parts` over QLinear block rows."""
+
+    def __init__(self, arch: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
+        from offspec.formats.ggml import ggml_type
+        from offspec.formats.gpu.layer import PROJECTIONS, Parts
+        from offspec.formats.gpu.linear import decode
+        from offspec.formats.modules import QLinear
+
+        config = tiny_config(arch, hidden=256, heads=4, kv_heads=2, layers=1)
+        config.intermediate_size = 512
+        config._attn_implementation = "eager"
+        cls = __import__("transformers").LlamaForCausalLM if arch == "llama" else \
+            __import__("transformers").Qwen2ForCausalLM
+        torch.manual_seed(seed)
+        self.model = cls(config).eval()
+        self.layer = self.model.model.layers[0].to(device=device, dtype=dtype)
+        self.rotary = self.model.model.rotary_emb.to(device)
+        rng = np.random.default_rng(seed)
+        projections = []
+        with torch.no_grad():
+            for name in PROJECTIONS:
+                linear = self.layer.get_submodule(name)
+                short = name.rsplit(".", 1)[1]
+                tid = ggml_type(TYPES[short]).id
+                raw = torch.from_numpy(random_blocks(rng, TYPES[short], linear.out_features, linear.in_features))
+                q = QLinear(tid, linear.in_features, linear.out_features, linear.bias is not None, device)
+                q.qweight.copy_(raw)
+                linear.weight.copy_(decode(raw.to(device), tid, linear.in_features, torch.float32))
+                if linear.bias is not None:
+                    linear.bias.normal_(0.0, 0.5)
+                    q.bias.copy_(linear.bias.float())
+                projections.append(q)
+            for norm in (self.layer.input_layernorm, self.layer.post_attention_layernorm):
+                norm.weight.copy_(1.0 + 0.1 * torch.randn(norm.weight.shape))
+        attn = self.layer.self_attn
+        self.parts = Parts(tuple(projections), (self.layer.input_layernorm, self.layer.post_attention_layernorm),
+                           float(self.layer.input_layernorm.variance_epsilon), 4, 2, attn.head_dim,
+                           float(attn.scaling), 0)
+        self.dtype, self.device, self.hidden = dtype, device, 256
+
+    def cache(self, capacity: int = 96):
+        from offspec.spec.kvcache import SlotKVCache
+
+        return SlotKVCache(1, capacity)
+
+    def rope(self, positions: torch.Tensor):
+        like = torch.zeros(1, dtype=self.dtype, device=self.device)
+        cos, sin = self.rotary(like, positions[None])
+        return cos.to(self.dtype), sin.to(self.dtype)  # (1, q, D) each
+
+    def ours(self, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor, cache,
+             prefix: int) -> torch.Tensor:
+        from offspec.formats.gpu.attention import TailKeys
+        from offspec.formats.gpu.layer import decoder_layer
+
+        cos, sin = self.rope(positions)
+        cache.prepare(slots, visible.shape[1])
+        k, v = cache.buffers(0, h, 2, self.parts.head_dim)
+        return decoder_layer(h, self.parts, cos[0], sin[0], k[0], v[0], slots, TailKeys.of(visible, prefix))
+
+    def theirs(self, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor,
+               cache, layer: Optional[nn.Module] = None) -> torch.Tensor:
+        """transformers' layer (or `layer`, another copy of it) in h's dtype."""
+        layer = layer or self.layer
+        cos, sin = self.rope(positions)
+        cache.prepare(slots, visible.shape[1])
+        mask = torch.zeros(visible.shape, dtype=h.dtype, device=self.device)
+        mask.masked_fill_(~visible, torch.finfo(h.dtype).min)
+        name = "cache" if "cache" in inspect.signature(layer.forward).parameters else "past_key_values"
+        with torch.no_grad():
+            out = layer(h[None], attention_mask=mask[None, None], position_ids=positions[None],
+                        position_embeddings=(cos.to(h.dtype), sin.to(h.dtype)), use_cache=True, **{name: cache})
+        return (out[0] if isinstance(out, tuple) else out)[0]
+
+
+def _causal(prefix: int, q: int, device) -> torch.Tensor:
+    visible = torch.ones((q, prefix + q), dtype=torch.bool, device=device)  # (q, prefix + q)
+    visible[:, prefix:] = torch.ones((q, q), dtype=torch.bool, device=device).tril()
+    return visible
+
+
+def _tree(prefix: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions (n,), visible (n, prefix + n)) of PARENTS above `prefix` committed tokens."""
+    n = len(PARENTS)
+    anc = torch.zeros((n, n), dtype=torch.bool)
+    depth = [0] * n
+    for i, p in enumerate(PARENTS):
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]
+            depth[i] = depth[p] + 1
+    visible = torch.ones((n, prefix + n), dtype=torch.bool)
+    visible[:, prefix:] = anc
+    return torch.tensor(depth, device=device) + prefix, visible.to(device)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def check_hf(arch: str, dtype_name: str, device: Optional[torch.device] = None) -> dict:
+    device = device or torch.device("cpu")
+    tiny = TinyLayer(arch, DTYPES[dtype_name], device)
+    wide = copy.deepcopy(tiny.layer).float() if tiny.dtype != torch.float32 else None  # transformers in float32
+    gen = torch.Generator().manual_seed(1)
+    prefix, n = 21, len(PARENTS)
+    caches = {"ours": tiny.cache(), "theirs": tiny.cache(), "wide": tiny.cache()}
+    h = torch.randn((prefix, tiny.hidden), generator=gen).to(device=device, dtype=tiny.dtype)  # (T, E)
+    x = torch.randn((n, tiny.hidden), generator=gen).to(device=device, dtype=tiny.dtype)  # (n, E) tree nodes
+    pos = torch.arange(prefix, device=device)
+    positions, visible = _tree(prefix, device)
+    slots = torch.arange(prefix, prefix + n, device=device)
+    passes = (("prefill", h, pos, pos, _causal(0, prefix, device), 0), ("tree", x, positions, slots, visible, prefix))
+    out = {}
+    for name, inputs, p, s, vis, pre in passes:
+        ours = tiny.ours(inputs, p, s, vis, caches["ours"], pre)
+        theirs = tiny.theirs(inputs, p, s, vis, caches["theirs"])
+        out[name] = _rel(ours, theirs)
+        if wide is not None:
+            reference = tiny.theirs(inputs.float(), p, s, vis, caches["wide"], wide)
+            out[name + "_ours"], out[name + "_theirs"] = _rel(ours, reference), _rel(theirs, reference)
+    for name in ("keys", "values"):
+        got, ref = (getattr(caches[k], name)[0][:, :, : prefix + n] for k in ("ours", "theirs"))
+        out[name] = _rel(got, ref)
+    return out
+
+
+def check_invariance(dtype_name: str, device: Optional[torch.device] = None, block_n: int = 16) -> dict:
+    from offspec.formats.gpu import attention
+
+    device = device or torch.device("cpu")
+    attention.BLOCK_N = block_n
+    tiny = TinyLayer("qwen2", DTYPES[dtype_name], device)
+    gen = torch.Generator().manual_seed(2)
+    prefix = 45  # the alone passes' prefixes 45 .. 50 cross the chunk boundary at 48
+    h = torch.randn((prefix, tiny.hidden), generator=gen).to(device=device, dtype=tiny.dtype)
+    pos = torch.arange(prefix, device=device)
+    one, two = tiny.cache(), tiny.cache()
+    whole = tiny.ours(h, pos, pos, _causal(0, prefix, device), one, 0)
+    first = tiny.ours(h[:20], pos[:20], pos[:20], _causal(0, 20, device), two, 0)
+    second = tiny.ours(h[20:], pos[20:], pos[20:], _causal(20, prefix - 20, device), two, 20)
+    result = {"chunked_prefill": _same(whole, torch.cat([first, second])) and
+              _same(one.keys[0][:, :, :prefix], two.keys[0][:, :, :prefix]) and
+              _same(one.values[0][:, :, :prefix], two.values[0][:, :, :prefix])}
+    positions, visible = _tree(prefix, device)
+    n = len(PARENTS)
+    x = torch.randn((n, tiny.hidden), generator=gen).to(device=device, dtype=tiny.dtype)  # the nodes' inputs
+    tree = tiny.ours(x, positions, torch.arange(prefix, prefix + n, device=device), visible, one, prefix)
+    alone, same_kv = [], []
+    for i, node in enumerate(PATH):  # each decoded alone, its ancestors committed before it
+        slot = torch.tensor([prefix + i], device=device)
+        row = tiny.ours(x[node : node + 1], slot, slot, torch.ones((1, prefix + i + 1), dtype=torch.bool,
+                                                                  device=device), two, prefix + i)
+        alone.append(_same(row[0], tree[node]))
+        same_kv.append(_same(two.keys[0][:, :, prefix + i], one.keys[0][:, :, prefix + node]) and
+                       _same(two.values[0][:, :, prefix + i], one.values[0][:, :, prefix + node]))
+    result.update(alone=alone, cache=same_kv, finite=bool(torch.isfinite(tree).all()))
+    return result
+
+
+def run(check: str, args: list[str]):
+    if check == "hf":
+        return check_hf(args[0], args[1])
+    if check == "invariance":
+        return check_invariance(args[0])
+    raise SystemExit(f"unknown check {check!r}")
