@@ -5,6 +5,8 @@ tests/helpers/gpu_interp.py (Triton's interpreter on a CPU) or directly on a GPU
   tree pass; their outputs and the cache entries they write, relative error. In bfloat16 both are also measured
   against transformers' layer in float32 on the same bfloat16 weights and inputs (`*_ours`, `*_theirs`): offspec's
   layer should be no further from it than transformers' bfloat16 layer is.
+- `graphs`: trees of 3 and 5 nodes through graphs.run_bucketed (padded to 4 and 8 rows) against the same calls
+  unpadded: outputs and cache entries bit for bit (with a fake capturer that reruns the call, or a real CUDA one).
 - `invariance`: a tree pass, then each node of one root-to-leaf path decoded alone after its ancestors were
   committed (a fresh cache holding the same prefix): outputs and cache entries bit for bit; a prefill in one pass
   and in two chunks: bit for bit. The attention's chunk is shrunk to 16 keys so that the prefix lengths of the two
@@ -115,12 +117,13 @@ def _causal(prefix: int, q: int, device) -> torch.Tensor:
     return visible
 
 
-def _tree(prefix: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions (n,), visible (n, prefix + n)) of PARENTS above `prefix` committed tokens."""
-    n = len(PARENTS)
+def _tree(prefix: int, device, n: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions (n,), visible (n, prefix + n)) of the first n nodes of PARENTS (all: None) above `prefix` committed
+    tokens."""
+    n = n or len(PARENTS)
     anc = torch.zeros((n, n), dtype=torch.bool)
     depth = [0] * n
-    for i, p in enumerate(PARENTS):
+    for i, p in enumerate(PARENTS[:n]):
         anc[i, i] = True
         if p >= 0:
             anc[i] |= anc[p]
@@ -198,9 +201,61 @@ def check_invariance(dtype_name: str, device: Optional[torch.device] = None, blo
     return result
 
 
+class FakeCapturer:
+    """graphs.Graphs' capturer without CUDA: a 'replay' runs the captured call again on its static inputs, into the
+    same output buffer."""
+
+    def capture(self, fn, static):
+        from offspec.formats.gpu.graphs import Captured
+
+        outputs = fn(*static)
+
+        def replay():
+            outputs.copy_(fn(*static))
+
+        return Captured(replay, static, outputs)
+
+
+def check_graphs(dtype_name: str, device: Optional[torch.device] = None, capturer=None) -> dict:
+    from offspec.formats.gpu.attention import TailKeys
+    from offspec.formats.gpu.graphs import Graphs, run_bucketed
+    from offspec.formats.gpu.layer import decoder_layer
+
+    device = device or torch.device("cpu")
+    tiny = TinyLayer("qwen2", DTYPES[dtype_name], device)
+    gen = torch.Generator().manual_seed(3)
+    prefix = 20
+    eager, graphed = tiny.cache(), tiny.cache()
+    h = torch.randn((prefix, tiny.hidden), generator=gen).to(device=device, dtype=tiny.dtype)
+    pos = torch.arange(prefix, device=device)
+    for cache in (eager, graphed):
+        tiny.ours(h, pos, pos, _causal(0, prefix, device), cache, 0)
+    g = Graphs(capturer or FakeCapturer())
+    rows, same_cache = [], []
+    for n in (3, 5, 3):
+        positions, visible = _tree(prefix, device, n)
+        slots = torch.arange(prefix, prefix + n, device=device)
+        x = torch.randn((n, tiny.hidden), generator=gen).to(device=device, dtype=tiny.dtype)
+        want = tiny.ours(x, positions, slots, visible, eager, prefix)
+        cos, sin = tiny.rope(positions)
+        graphed.prepare(slots, visible.shape[1])
+        k, v = graphed.buffers(0, x, 2, tiny.parts.head_dim)
+
+        def layer(h, cos, sin, slots, prefix_t, gather, count):
+            return decoder_layer(h, tiny.parts, cos, sin, k[0], v[0], slots, TailKeys(prefix_t, gather, count))
+
+        got = run_bucketed(g, "layer", layer, x, cos[0], sin[0], slots, TailKeys.of(visible, prefix))
+        rows.append(_same(got, want))
+        same_cache.append(_same(graphed.keys[0][:, :, : prefix + n], eager.keys[0][:, :, : prefix + n]) and
+                          _same(graphed.values[0][:, :, : prefix + n], eager.values[0][:, :, : prefix + n]))
+    return {"rows": rows, "cache": same_cache, "captures": g.captures, "replays": g.replays}
+
+
 def run(check: str, args: list[str]):
     if check == "hf":
         return check_hf(args[0], args[1])
     if check == "invariance":
         return check_invariance(args[0])
+    if check == "graphs":
+        return check_graphs(args[0])
     raise SystemExit(f"unknown check {check!r}")
