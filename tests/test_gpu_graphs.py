@@ -12,7 +12,7 @@ from helpers.interpreted import interpret
 
 from offspec.formats.gpu import graphs
 from offspec.formats.gpu.attention import TailKeys
-from offspec.formats.gpu.graphs import Captured, Graphs, bucket, pad_keys, pad_rows, run_bucketed
+from offspec.formats.gpu.graphs import Graphs, bucket, pad_keys, pad_rows, run_bucketed
 
 
 def rowwise(h, cos, sin, slots, prefix, gather, count):

@@ -57,7 +57,7 @@ if triton is not None:
         l_i = l_i * alpha + tl.max(row_sum, axis=1)  # every column of row_sum is the row's sum
         return m_new, l_i, acc
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _prefix(q_ptr, k_ptr, v_ptr, prefix_ptr, m_ptr, l_ptr, acc_ptr, M, cap, qk_scale,
                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr):
@@ -85,7 +85,7 @@ if triton is not None:
         tl.store(l_ptr + state, l_i, mask=rmask)
         tl.store(acc_ptr + state[:, None] * D + d[None, :], acc, mask=rmask[:, None])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["stride_g"])
     def _tail(q_ptr, k_ptr, v_ptr, prefix_ptr, gather_ptr, count_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, cap, stride_g,
               qk_scale, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
               IEEE: tl.constexpr):

@@ -76,7 +76,9 @@ if triton is not None:
         tl.store(y_ptr + rm.to(tl.int64)[:, None] * stride_ym + cols[None, :], total.to(y_ptr.dtype.element_ty),
                  mask=mmask[:, None] & nmask[None, :])
 
-    @triton.jit
+    # row counts and column offsets are not specialized on (Triton would compile a variant for M == 1 and for M a
+    # multiple of 16): one compiled kernel per type and tile serves every pass
+    @triton.jit(do_not_specialize=["M", "N0", "N1", "N2", "C0", "C1", "C2", "NTOT", "KS"])
     def _fused(x_ptr, w0, w1, w2, y_ptr, part_ptr, bias_ptr, M, K, row_bytes, N0, N1, N2, C0, C1, C2, NTOT, KS,
                stride_xm, stride_ym, TYPE: tl.constexpr, UNIT: tl.constexpr, UBYTES: tl.constexpr,
                CHUNKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DIRECT: tl.constexpr,
@@ -117,7 +119,7 @@ if triton is not None:
             offs = (s * M + rm).to(tl.int64)[:, None] * NTOT + cols[None, :]
             tl.store(part_ptr + offs, acc, mask=mmask[:, None] & nmask[None, :])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M", "NTOT", "SPLITS"])
     def _reduce(part_ptr, y_ptr, bias_ptr, M, NTOT, SPLITS, stride_ym, BM: tl.constexpr, BN: tl.constexpr,
                 HAS_BIAS: tl.constexpr):
         """y = (0.0 + part[0] + part[1] + ... + bias) in y's dtype: the splits in order."""
@@ -130,7 +132,7 @@ if triton is not None:
             total += tl.load(part_ptr + offs, mask=mmask[:, None] & nmask[None, :], other=0.0)
         _finish(total, y_ptr, bias_ptr, rm, mmask, rn, nmask, stride_ym, HAS_BIAS)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N"])
     def _decode(w_ptr, out_ptr, N, K, row_bytes, stride_o, TYPE: tl.constexpr, UNIT: tl.constexpr,
                 UBYTES: tl.constexpr, CHUNKS: tl.constexpr, BN: tl.constexpr, UNITS: tl.constexpr):
         """out (N, K) = the decoded weight rows in out's dtype (one pass over the blocks)."""
@@ -147,7 +149,7 @@ if triton is not None:
                 w = chunk(TYPE, rows + u * UBYTES, c, nmask, kmask)  # (BN, 32)
                 tl.store(dst + kk[None, :], w.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & kmask[None, :])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M", "NB", "KS", "SPLITS"])
     def _gemm(x_ptr, w_ptr, y_ptr, bias_ptr, M, NB, K, KS, SPLITS, stride_xm, stride_w, stride_ym, UNIT: tl.constexpr,
               CHUNKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
         """y (M, NB) = x @ w^T (+ bias), w (NB, K) decoded values: the fused kernel's splits and K order, the splits
