@@ -102,7 +102,8 @@ def test_the_products_run_on_mma_sync_never_wgmma():
     w = torch.randn(rows, cols, device=GPU, dtype=torch.bfloat16)
     y = torch.empty(128, rows, device=GPU, dtype=torch.bfloat16)
     gemm = gl._gemm.warmup(x, w, y, y, 128, rows, cols, cols, 1, x.stride(0), w.stride(0), y.stride(0), UNIT=256,
-                           CHUNKS=8, BM=gl.GEMM_BM, BN=gl.GEMM_BN, HAS_BIAS=False, IEEE=False, grid=(1, 1))
+                           CHUNKS=8, BM=gl.GEMM_BM, BN=gl.GEMM_BN, HAS_BIAS=False, IEEE=False, grid=(1, 1),
+                           num_warps=gl.GEMM_WARPS)
     raw = _helpers().blocks(np.random.default_rng(2), "Q4_K", rows, cols).to(GPU)
     fused = gl._fused.warmup(x, raw, raw, raw, y, y, y, 64, cols, raw.stride(0), rows, 0, 0, 0, 0, 0, rows, cols,
                              x.stride(0), y.stride(0), TYPE="Q4_K", UNIT=256, UBYTES=144, CHUNKS=8, BM=64,

@@ -236,4 +236,8 @@ def dequantize_rows(raw: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
             load_kernels()
         if _ext is not None:
             return _ext.dequantize(raw.contiguous(), type_id, cols)
+    elif raw.device.type == "cuda" and cuda_kernels() == "triton":
+        from .gpu import linear as gpu_linear  # imported here: a CPU never loads Triton
+
+        return gpu_linear.decode(raw, type_id, cols, torch.float32)  # one kernel, the same exact values
     return torch_dequantize(raw, type_id, cols)

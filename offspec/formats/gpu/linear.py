@@ -42,6 +42,7 @@ os.environ["DISABLE_MMA_V5"] = "1"
 FUSED_MAX_ROWS = 64  # up to this many rows the fused kernel decodes each weight once (one tile of rows)
 FUSED_BN = 64  # weight rows per fused program
 GEMM_BM, GEMM_BN = 128, 128  # the scratch GEMM's tile
+GEMM_WARPS = 8  # two (128, 128) float32 accumulators (a split's and the total) in 256 threads' registers
 REDUCE_BM, REDUCE_BN = 16, 128
 DECODE_BN, DECODE_UNITS = 64, 4  # the decode kernel: weight rows x units per program
 SCRATCH_BYTES = 128 * 2**20  # the largest decoded band of weight rows (the placement charges it: WORKSPACE_BYTES)
@@ -222,6 +223,7 @@ def decode(qweight: torch.Tensor, type_id: int, cols: int, dtype: torch.dtype,
            out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(N, row_bytes) ggml blocks -> (N, cols) values in `dtype` (exact, rounded once to dtype) into `out`."""
     n = qweight.shape[0]
+    qweight = qweight if qweight.stride(-1) == 1 else qweight.contiguous()  # rows at a fixed stride
     if out is None:
         out = torch.empty((n, cols), dtype=dtype, device=qweight.device)  # (N, cols)
     if n == 0:
@@ -313,4 +315,4 @@ def _scratch_linear(x2d, weights, cols, bias, y, splits, ks, ieee) -> None:
         grid = (triton.cdiv(m, GEMM_BM), triton.cdiv(nb, GEMM_BN))
         _gemm[grid](x2d, scratch, out, bias[b0:b1] if bias is not None else out, m, nb, cols, ks, splits,
                     x2d.stride(0), scratch.stride(0), out.stride(0), UNIT=unit, CHUNKS=chunks, BM=GEMM_BM,
-                    BN=GEMM_BN, HAS_BIAS=bias is not None, IEEE=ieee)
+                    BN=GEMM_BN, HAS_BIAS=bias is not None, IEEE=ieee, num_warps=GEMM_WARPS)
