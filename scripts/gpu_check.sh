@@ -38,10 +38,11 @@ if ! $PY -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 fi
 
 mkdir -p "$OUT_DIR"
+# at most 8 files come back from a lent machine: environment.txt, warm.log, 2 pytest logs, 2 junit files, the report
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
-  > "$OUT_DIR/nvidia-smi.csv" 2>&1 || true
+  > "$OUT_DIR/environment.txt" 2>&1 || true
 $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, \
-'transformers', transformers.__version__)" | tee "$OUT_DIR/versions.txt"
+'transformers', transformers.__version__)" | tee -a "$OUT_DIR/environment.txt"
 
 echo "== 1. pytest -m cuda (kernels, layer, graphs, lossless), beside the kernels' compilation =="
 $PY scripts/gpu_check.py --out "$OUT_DIR" --warm --deadline 150 > "$OUT_DIR/warm.log" 2>&1 &

@@ -108,3 +108,11 @@ def test_greedy_speculation_equals_the_target_alone_in_bfloat16(gguf_pair, tmp_p
             messages.append({"role": "assistant", "content": gen.decode(plain.token_ids)})
     finally:
         gen.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_models_body_runs_the_installed_layers_as_the_runner_calls_it(arch):
+    from helpers.gpu_layer_checks import check_model
+
+    r = check_model(arch, GPU)
+    assert r["installed"] and all(r[k] < 1e-4 for k in ("prefill", "tree", "keys")), r

@@ -43,3 +43,12 @@ def test_a_tree_node_equals_the_token_decoded_alone_bit_for_bit(dtype):
     r = interpret("invariance", dtype)
     assert r["finite"] and r["chunked_prefill"], r
     assert all(r["alone"]) and all(r["cache"]) and len(r["alone"]) == 6, r
+
+
+@needs_triton
+@pytest.mark.slow
+def test_a_models_body_runs_the_installed_layers_as_the_runner_calls_it():
+    """The install's plumbing (transformers' body calling the patched layers and final norm with the runner's cache
+    and the pass's TailKeys) against transformers' own body with the float weights."""
+    r = interpret("model", "qwen2")
+    assert r["installed"] and all(r[k] < 1e-5 for k in ("prefill", "tree", "keys")), r

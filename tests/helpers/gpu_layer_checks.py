@@ -7,6 +7,8 @@ tests/helpers/gpu_interp.py (Triton's interpreter on a CPU) or directly on a GPU
   layer should be no further from it than transformers' bfloat16 layer is.
 - `graphs`: trees of 3 and 5 nodes through graphs.run_bucketed (padded to 4 and 8 rows) against the same calls
   unpadded: outputs and cache entries bit for bit (with a fake capturer that reruns the call, or a real CUDA one).
+- `model`: a 2-layer model's decoder body with the layers installed, called as the runner calls it, against
+  transformers' body with the float weights.
 - `invariance`: a tree pass, then each node of one root-to-leaf path decoded alone after its ancestors were
   committed (a fresh cache holding the same prefix): outputs and cache entries bit for bit; a prefill in one pass
   and in two chunks: bit for bit. The attention's chunk is shrunk to 16 keys so that the prefix lengths of the two
@@ -251,6 +253,77 @@ def check_graphs(dtype_name: str, device: Optional[torch.device] = None, capture
     return {"rows": rows, "cache": same_cache, "captures": g.captures, "replays": g.replays}
 
 
+def check_model(arch: str, device: Optional[torch.device] = None) -> dict:
+    """A tiny 2-layer model's decoder body with offspec's CUDA layers installed (forced on the CPU: the install's
+    device check patched) against the same body with float weights and transformers' eager layers, called as the
+    runner calls it: a prefill pass, then a tree pass; relative error of the final hidden states (float32)."""
+    from offspec.formats.ggml import ggml_type
+    from offspec.formats.gpu import choice
+    from offspec.formats.gpu import layer as gpu_layer
+    from offspec.formats.gpu.attention import TailKeys
+    from offspec.formats.gpu.linear import decode
+    from offspec.formats.modules import replace_linear
+    from offspec.spec.kvcache import SlotKVCache
+
+    device = device or torch.device("cpu")
+    config = tiny_config(arch, hidden=256, heads=4, kv_heads=2, layers=2)
+    config.intermediate_size = 512
+    config._attn_implementation = "eager"
+    cls = __import__("transformers").LlamaForCausalLM if arch == "llama" else \
+        __import__("transformers").Qwen2ForCausalLM
+    torch.manual_seed(0)
+    reference = cls(config).eval().to(device)
+    ours = copy.deepcopy(reference)
+    rng = np.random.default_rng(5)
+    with torch.no_grad():
+        for i, layer in enumerate(reference.model.layers):
+            for name in gpu_layer.PROJECTIONS:
+                linear = layer.get_submodule(name)
+                type_name = TYPES[name.rsplit(".", 1)[1]]
+                tid = ggml_type(type_name).id
+                raw = torch.from_numpy(random_blocks(rng, type_name, linear.out_features, linear.in_features))
+                linear.weight.copy_(decode(raw.to(device), tid, linear.in_features, torch.float32))
+                q = replace_linear(ours.model.layers[i], name, tid, device)
+                q.qweight.copy_(raw)
+                if linear.bias is not None:
+                    linear.bias.normal_(0.0, 0.5)
+                    q.bias.copy_(linear.bias)
+    forced = choice.cuda_layers
+    gpu_layer.cuda_layers = lambda model, dev, dtype: choice.unsupported(model)  # the CPU stands in for CUDA
+    try:
+        reason = gpu_layer.install(ours, device, torch.float32)
+    finally:
+        gpu_layer.cuda_layers = forced
+    assert reason is None, reason
+    caches = {"ours": SlotKVCache(2, 96), "theirs": SlotKVCache(2, 96)}
+    name = "cache" if "cache" in inspect.signature(reference.model.forward).parameters else "past_key_values"
+    prefix, n = 21, len(PARENTS)
+    positions, visible = _tree(prefix, device)
+    passes = ((torch.arange(prefix, device=device), torch.arange(prefix, device=device), _causal(0, prefix, device), 0),
+              (positions, torch.arange(prefix, prefix + n, device=device), visible, prefix))
+    out = {}
+    gen = torch.Generator().manual_seed(6)
+    for label, (pos, slots, vis, pre) in zip(("prefill", "tree"), passes):
+        ids = torch.randint(0, config.vocab_size, (len(pos),), generator=gen).to(device)
+        results = {}
+        for key, model in (("ours", ours), ("theirs", reference)):
+            caches[key].prepare(slots, vis.shape[1])
+            if key == "ours":  # the runner's CUDA branch: the bool pattern passed through, TailKeys to the layers
+                with torch.no_grad(), gpu_layer.active(TailKeys.of(vis, pre)):
+                    h = model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=vis[None, None],
+                                    use_cache=True, **{name: caches[key]}).last_hidden_state[0]
+            else:
+                mask = torch.zeros(vis.shape, device=device).masked_fill_(~vis, torch.finfo(torch.float32).min)
+                with torch.no_grad():
+                    h = model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None],
+                                    use_cache=True, **{name: caches[key]}).last_hidden_state[0]
+            results[key] = h
+        out[label] = _rel(results["ours"], results["theirs"])
+    out["keys"] = _rel(caches["ours"].keys[1][:, :, : prefix + n], caches["theirs"].keys[1][:, :, : prefix + n])
+    out["installed"] = all(hasattr(layer, "_offspec_gpu_parts") for layer in ours.model.layers)
+    return out
+
+
 def run(check: str, args: list[str]):
     if check == "hf":
         return check_hf(args[0], args[1])
@@ -258,4 +331,6 @@ def run(check: str, args: list[str]):
         return check_invariance(args[0])
     if check == "graphs":
         return check_graphs(args[0])
+    if check == "model":
+        return check_model(args[0])
     raise SystemExit(f"unknown check {check!r}")

@@ -59,7 +59,7 @@ class Parts(NamedTuple):
 
 def install(model: nn.Module, device: torch.device, dtype: torch.dtype) -> Optional[str]:
     """Give `model`'s layers and final norm offspec's CUDA forward; returns None when installed, else why not."""
-    reason = cuda_layers(model, device, dtype)
+    reason = cuda_layers(model, device, dtype)  # (a module global: tests stand a CPU in for CUDA through it)
     if reason is not None:
         return reason
     config = model.config
