@@ -1,5 +1,6 @@
 """offspec's CUDA compute, in Triton (tested on a CPU through Triton's interpreter, `TRITON_INTERPRET=1`).
 
+- choice.py     which compute runs on CUDA (OFFSPEC_CUDA_KERNELS, OFFSPEC_LAYERS, the model), its device memory
 - blocks.py     ggml block decoders as Triton functions: 32 values at a time, the gguf reference's arithmetic
 - linear.py     batch-invariant low-bit linears: fused decode + GEMM for few rows (fixed split-K), decode once into
                 a scratch + fixed-order GEMM for many rows; the same bits at every row count
