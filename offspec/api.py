@@ -140,7 +140,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
         draft_runner.prefill_chunk = lambda cached, remaining, most=fitted.prefill_tokens: min(remaining, most)
     if t.offload is not None and t.offload.placement.streams:  # every pass streams the layers: fewest prefill passes
         elem = torch.empty((), dtype=dtype).element_size()
-        target_runner.prefill_chunk = chunk_planner(t.model.config, t.offload.placement.sizes.activation_bytes, elem)
+        target_runner.prefill_chunk = chunk_planner(t.model.config, t.offload.placement.sizes.activation_bytes, elem,
+                                                    materialized_scores=target_runner.gpu_layers is None)
     drafter = build_drafter(draft_runner, device)  # model, suffix or hybrid trees, as each pass's TreeConfig asks
     tree_cfg = replace(tree_cfg, drafter=drafter.check_mode(tree_cfg.drafter))
     engine = SpeculativeEngine(target_runner, drafter, max_context=max_context, max_budget=load_cfg.max_budget)

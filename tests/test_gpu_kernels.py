@@ -1,75 +1,112 @@
-"""The fused CUDA kernels (offspec/formats/gpu_kernels.py, Triton) computed on a CPU by Triton's interpreter: the
-same products as the exact decode, for every shape edge (no rows, rows past a tile, a partial weight tile), in
-float32. The interpreter's bfloat16 `tl.dot` returns garbage (Triton 3.9: even for two plain tiles), so bfloat16 is
-checked on a GPU (tests/test_cuda.py). The interpreter must be chosen before Triton is imported, so the check runs
-in a fresh process. Where Triton is not installed (a dev dependency on Linux x86-64) the test says so and skips."""
+"""offspec's CUDA linears (offspec/formats/gpu: Triton) computed on a CPU by Triton's interpreter, in a process of
+its own (tests/helpers/gpu_interp.py):
+
+- every type's GPU decode equals the CPU decode (dequant.py, gguf's reference, the compiled kernels) bit for bit;
+- every output row is bit-identical at M = 1, 3, 16, 17, 64 and 1,024 rows, through the fused kernel and through
+  the scratch GEMM alike (float32; bfloat16 too, the interpreter's rounding made the GPU's);
+- the products equal an exact reference within the dtype's tolerance.
+
+The same checks in bfloat16 on a GPU: tests/test_cuda_kernels.py. Where Triton is not installed (a dev dependency
+on Linux x86-64) the tests say so and skip.
+"""
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers.interpreted import interpret
 
 from offspec import OffspecError
 
-ROOT = Path(__file__).parent.parent
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="needs Triton (pip install triton; a dev dependency on Linux x86-64)")
-
-CHECK = r"""
-import json, sys
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
-import numpy as np, torch
-from helpers.tiny_gguf import random_blocks
-from offspec.formats import gpu_kernels
-from offspec.formats.dequant import dequantize
-from offspec.formats.ggml import ggml_type
-rng = np.random.default_rng(0)
-out = []
-for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0"):
-    rows, cols = 70, 512  # 70: one full tile of 64 weight rows and a partial one
-    raw = torch.from_numpy(random_blocks(rng, name, rows, cols))
-    tid = ggml_type(name).id
-    w = dequantize(raw, tid, cols)  # (rows, cols) float32, exact
-    bias = torch.from_numpy(rng.standard_normal(rows).astype(np.float32))
-    assert gpu_kernels.handles(tid)
-    for m in (0, 1, 3, 17):  # 17: past one 16-row activation tile
-        x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32))
-        got = gpu_kernels.linear(x, raw, tid, cols, bias)
-        exact = x.double() @ w.double().T + bias.double()
-        f32 = float((got.double() - exact).abs().max()) / max(1.0, float(exact.abs().max())) if m else 0.0
-        out.append({"type": name, "m": m, "shape": list(got.shape), "dtype": str(got.dtype), "f32_rel": f32})
-print(json.dumps(out))
-"""
+ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+             "IQ4_NL", "IQ4_XS")
+MS = "1,3,16,17,64,1024"
 
 
 @needs_triton
-def test_the_fused_kernels_compute_the_exact_products_in_triton_s_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", CHECK, str(ROOT)], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 16
+def test_every_types_gpu_decode_equals_the_cpu_decode_bit_for_bit():
+    results = interpret("decode", ",".join(ALL_TYPES))
+    assert [r["type"] for r in results] == list(ALL_TYPES)
     for r in results:
-        assert r["shape"] == [r["m"], 70] and r["dtype"] == "torch.float32", r
-        assert r["f32_rel"] < 1e-6, r  # float32 products of the exact values
+        assert r["gguf"] and r["finite"] and r["bf16"], r  # bf16: rounded to nearest even, as torch rounds
+        if r["type"].startswith("IQ"):
+            continue  # not offspec kernel types on this branch yet: gguf's reference is the CPU decode
+        assert r["dequant"], r
+        assert r.get("cpu_kernels", True), r  # the compiled CPU kernels' decode, where they are built
+
+
+def _check_linear(results, types, tolerance):
+    assert [r["type"] for r in results] == list(types)
+    for r in results:
+        assert r["finite"] and r["rel_err"] < tolerance, r
+        assert all(r["same"].values()), r  # every row, every M, both paths: the bits of the M = 1024 rows
+
+
+@needs_triton
+def test_rows_are_bit_identical_at_every_row_count_and_path():
+    types = ("Q4_K",)  # the usual type (units of 256, 2 splits here); every type: the slow tests below
+    _check_linear(interpret("linear", ",".join(types), "float32", "70", "512", MS), types, 1e-6)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_every_type_is_batch_invariant_in_float32():
+    types = [t for t in ALL_TYPES if t != "Q4_K"]
+    _check_linear(interpret("linear", ",".join(types), "float32", "70", "512", MS), types, 1e-6)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_every_type_is_batch_invariant_in_bfloat16():
+    """bf16 operands, float32 sums, one rounding of the output: about 2^-9 relative."""
+    _check_linear(interpret("linear", ",".join(ALL_TYPES), "bfloat16", "70", "512", MS), ALL_TYPES, 5e-3)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+def test_a_group_of_weights_of_two_types_is_one_linear_and_torch_decoded_types_keep_its_bits(dtype):
+    r = interpret("group", dtype)
+    assert r["rel_err"] < (1e-6 if dtype == "float32" else 5e-3), r
+    assert all(r["same"].values()) and all(r["hooked"].values()), r
 
 
 def test_the_switch_is_checked_in_one_line(monkeypatch):
-    from offspec.formats import gpu_kernels
+    from offspec.formats.gpu import choice
 
-    monkeypatch.setenv(gpu_kernels.VARIABLE, "cuda")
-    with pytest.raises(OffspecError, match="use torch .* or triton"):
-        gpu_kernels.wanted()
-    monkeypatch.setenv(gpu_kernels.VARIABLE, "triton")
-    monkeypatch.setattr(gpu_kernels, "triton", None)
-    gpu_kernels._wanted.cache_clear()
+    monkeypatch.setenv(choice.VARIABLE, "cuda")
+    with pytest.raises(OffspecError, match="use auto .* triton or torch"):
+        choice.cuda_kernels()
+    monkeypatch.setenv(choice.VARIABLE, "triton")
+    monkeypatch.setattr(choice.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(OffspecError, match="Triton is not installed"):
-        gpu_kernels.wanted()
-    gpu_kernels._wanted.cache_clear()
-    monkeypatch.delenv(gpu_kernels.VARIABLE)
-    assert gpu_kernels.wanted() is False  # the default: the torch decode path
+        choice.cuda_kernels()
+    monkeypatch.setenv(choice.VARIABLE, "auto")
+    assert choice.cuda_kernels() == "torch"  # no Triton: the torch decode path
+    monkeypatch.undo()
+    monkeypatch.delenv(choice.VARIABLE, raising=False)
+    expected = "triton" if importlib.util.find_spec("triton") is not None else "torch"
+    assert choice.cuda_kernels() == expected  # the default
+
+
+def test_splits_depend_on_the_shape_and_the_gpu_never_on_the_rows():
+    from offspec.formats.ggml import ggml_type
+    from offspec.formats.gpu.choice import WORKSPACE_BYTES
+    from offspec.formats.gpu.linear import (FUSED_BN, FUSED_MAX_ROWS, MAX_SPLIT, PROGRAMS_PER_SM, SCRATCH_BYTES,
+                                            plan_splits)
+
+    q4k, q8 = ggml_type("Q4_K").id, ggml_type("Q8_0").id
+    # a 70B q projection on an H100: 128 tiles of 64 rows, 3 splits of 11 units of 256 (264 programs wanted)
+    assert plan_splits(8192, 8192, [q4k], 132) == (3, 11 * 256)
+    assert plan_splits(1024, 8192, [q4k], 132) == (MAX_SPLIT, 512)  # its k/v: 16 tiles, split as far as allowed
+    assert plan_splits(896, 896, [q8], 24) == (4, 224)  # the 0.5B draft's q (896 = 28 units of 32)
+    assert plan_splits(128, 512, [q4k, q8], 4) == (2, 256)  # a group splits at a multiple of every unit
+    assert plan_splits(2048, 4096, [q4k], 132) == (8, 512)  # 9 wanted; 16 units split evenly: 8 of 2
+    for sms in (1, 24, 132):  # enough programs for the GPU where the weight has the units
+        for n, k in ((64, 256), (4096, 4096), (151936, 1536)):
+            splits, per = plan_splits(n, k, [q4k], sms)
+            tiles = -(-n // FUSED_BN)
+            assert (splits - 1) * per < k <= splits * per and per % 256 == 0
+            assert splits * tiles >= min(PROGRAMS_PER_SM * sms, tiles * (k // 256), tiles * MAX_SPLIT) // 2
+    # the workspace the placement charges covers the scratch and the largest partials
+    assert WORKSPACE_BYTES >= SCRATCH_BYTES + FUSED_MAX_ROWS * (PROGRAMS_PER_SM * 132 + MAX_SPLIT) * FUSED_BN * 4

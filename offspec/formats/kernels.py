@@ -3,10 +3,11 @@
 - CPU: the compiled kernels of csrc/ (integer dot products on 8-bit activation blocks, AVX2 where the CPU has it),
   built once per machine with torch.utils.cpp_extension into the cache dir (about a minute; progress is shown).
   Their results are row invariant: a one-token pass and a tree pass give bitwise identical rows.
-- CUDA, and a CPU where the kernels cannot be built (no C++ compiler): the blocks are decoded with torch
-  (dequant.py) into the compute dtype, then a plain matrix multiply; on CUDA, `OFFSPEC_CUDA_KERNELS=triton` picks
-  the fused Triton kernels of gpu_kernels.py (Q4_K, Q6_K, Q5_0, Q8_0) instead (experimental). On a CPU this fallback is
-  much slower and is announced, never silent; `OFFSPEC_KERNELS=torch` forces it (tests).
+- CUDA: offspec's Triton kernels (gpu/linear.py: batch-invariant, every type), or where Triton is missing or
+  `OFFSPEC_CUDA_KERNELS=torch` asks (gpu/choice.py), the torch path below.
+- a CPU where the kernels cannot be built (no C++ compiler), and CUDA's torch path: the blocks are decoded with
+  torch (dequant.py) into the compute dtype, then a plain matrix multiply. On a CPU this fallback is much slower
+  and is announced, never silent; `OFFSPEC_KERNELS=torch` forces it (tests).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from offspec.util.paths import kernels_dir
 from .dequant import GRID_NAMES, grid_values
 from .dequant import dequantize as torch_dequantize
 from .ggml import ggml_type
+from .gpu.choice import cuda_kernels
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h",
@@ -198,12 +200,12 @@ def linear(x: torch.Tensor, qweight: torch.Tensor, type_id: int, cols: int,
                 y += bias
             return y.reshape(*lead, rows).to(x.dtype)
         return _decoded_linear(x2d.float(), qweight, type_id, cols, bias).reshape(*lead, rows).to(x.dtype)
-    # CUDA: a fused Triton kernel where OFFSPEC_CUDA_KERNELS=triton asks for one (gpu_kernels: experimental), else
-    # decode into the compute dtype, then the GPU's GEMM
-    from . import gpu_kernels  # imported here: a CPU never loads Triton
+    # CUDA: offspec's batch-invariant Triton linears, else (no Triton, or OFFSPEC_CUDA_KERNELS=torch) decode into
+    # the compute dtype, then the GPU's GEMM
+    if cuda_kernels() == "triton":
+        from .gpu import linear as gpu_linear  # imported here: a CPU never loads Triton
 
-    if gpu_kernels.wanted() and gpu_kernels.handles(type_id):
-        return gpu_kernels.linear(x2d, qweight, type_id, cols, bias).reshape(*lead, rows)
+        return gpu_linear.linear(x2d, [(qweight, type_id)], cols, bias).reshape(*lead, rows)
     return _decoded_linear(x2d, qweight, type_id, cols, bias).reshape(*lead, rows)
 
 
@@ -238,4 +240,8 @@ def dequantize_rows(raw: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
             load_kernels()
         if _ext is not None:
             return _ext.dequantize(raw.contiguous(), type_id, cols)
+    elif raw.device.type == "cuda" and cuda_kernels() == "triton":
+        from .gpu import linear as gpu_linear  # imported here: a CPU never loads Triton
+
+        return gpu_linear.decode(raw, type_id, cols, torch.float32)  # one kernel, the same exact values
     return torch_dequantize(raw, type_id, cols)

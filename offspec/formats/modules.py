@@ -52,7 +52,10 @@ class QEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).to(self.qweight.device)  # (n,)
-        rows = kernels.dequantize_rows(self.qweight[flat], self.type_id, self.embedding_dim)  # (n, dim) float32
+        raw = self.qweight[flat]  # (n, row_bytes) the rows' blocks
+        if self.compute_device.type == "cuda":  # the blocks cross the link (fewer bytes), decoded on the GPU
+            raw = raw.to(self.compute_device)
+        rows = kernels.dequantize_rows(raw, self.type_id, self.embedding_dim)  # (n, dim) float32
         return rows.to(device=self.compute_device, dtype=self.compute_dtype).reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

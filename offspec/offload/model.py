@@ -27,6 +27,8 @@ from torch import nn
 
 from offspec.errors import OffspecError
 from offspec.formats import kernels
+from offspec.formats.gpu.choice import WORKSPACE_BYTES as GPU_WORKSPACE_BYTES
+from offspec.formats.gpu.choice import cuda_kernels, cuda_layers
 from offspec.formats.modules import QEmbedding, QLinear, weight_format_summary
 from offspec.formats.quantize import quantize_rows
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
@@ -107,7 +109,9 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
             if not key.startswith(sk.prefix) and id(tensor) not in seen:  # tied weights count once
                 seen.add(id(tensor))
                 other += tensor.numel() * tensor.element_size()
-    kv, act = target_headroom(sk.model.config, config.max_context, config.max_budget, elem, config.prefill_tokens)
+    scores = cuda_layers(sk.model, device, dtype) is not None  # offspec's CUDA layers never materialize them
+    kv, act = target_headroom(sk.model.config, config.max_context, config.max_budget, elem, config.prefill_tokens,
+                              scores)
     entry = head_entry(sk)
     head = entry[1] if entry is not None else None  # its TensorSpec in `other`, where a CPU may stream it
     head_bytes = head.nbytes if head is not None else 0
@@ -121,12 +125,14 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
-    """Bytes of weights decoded by torch at a time (formats.kernels), where the model has low-bit weights that
-    are decoded that way: on CUDA always, on a CPU only without the compiled kernels. NF4 decodes a whole
+    """Bytes of weights decoded at a time: on CUDA the Triton linears' scratch (formats/gpu), or where torch decodes
+    (formats.kernels: CUDA without Triton, a CPU without the compiled kernels) its bands. NF4 decodes a whole
     (out, in) weight in the compute dtype: its largest one (bitsandbytes' fallback for many rows)."""
     if sk.quant == "nf4":
         return max((m.in_features * m.out_features * 2 for layer in sk.layers for m in layer.modules()
                     if hasattr(m, "in_features") and hasattr(m, "out_features")), default=0)
+    if sk.quant in ("ggml", "int4", "int8") and device.type == "cuda" and cuda_kernels() == "triton":
+        return GPU_WORKSPACE_BYTES  # the Triton linears' scratch and split partials (formats/gpu/choice.py)
     if sk.quant in ("ggml", "int4", "int8") and (device.type != "cpu" or kernels.compiled() is None):
         return kernels.DECODE_WORKSPACE
     return 0
@@ -336,10 +342,11 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
     elem = torch.empty((), dtype=dtype).element_size()
     draft_bytes = resident_bytes(draft.model)
     rows = getattr(draft.model.get_output_embeddings(), "ids", None)  # a reduced head's token ids
+    scores = cuda_layers(draft.model, device, dtype) is not None  # offspec's CUDA layers never materialize them
 
     def extra(cfg: OffloadConfig) -> int:  # the draft's weights, KV cache and activations under cfg's limits
         return draft_bytes + draft_headroom(draft.model.config, cfg.max_context, cfg.max_budget, elem,
-                                            cfg.prefill_tokens, None if rows is None else int(rows.numel()))
+                                            cfg.prefill_tokens, None if rows is None else int(rows.numel()), scores)
 
     model, handle = load_offloaded(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                    config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes,

@@ -13,10 +13,14 @@ from typing import Any, Callable
 from .estimates import activation_bytes
 
 
-def largest_chunk(config: Any, reserve: int, cached: int, remaining: int, elem: int) -> int:
+def largest_chunk(config: Any, reserve: int, cached: int, remaining: int, elem: int,
+                  materialized_scores: bool = True) -> int:
     """The most of `remaining` tokens one causal pass over `cached` cached tokens may run with its activations
-    (estimate) within `reserve` bytes; at least 1 (a single token always runs: the reserve covers it)."""
-    fits = lambda q: activation_bytes(config, q, cached + q, elem) <= reserve  # noqa: E731 - grows with q
+    (estimate, attention as `materialized_scores` says) within `reserve` bytes; at least 1 (a single token always
+    runs: the reserve covers it)."""
+    def fits(q: int) -> bool:  # grows with q
+        return activation_bytes(config, q, cached + q, elem, materialized_scores=materialized_scores) <= reserve
+
     if remaining <= 1 or fits(remaining):
         return max(1, remaining)
     lo, hi = 1, remaining - 1  # fits(lo) or lo == 1; not fits(hi + 1)
@@ -29,6 +33,6 @@ def largest_chunk(config: Any, reserve: int, cached: int, remaining: int, elem: 
     return lo
 
 
-def chunk_planner(config: Any, reserve: int, elem: int) -> Callable[[int, int], int]:
+def chunk_planner(config: Any, reserve: int, elem: int, materialized_scores: bool = True) -> Callable[[int, int], int]:
     """`(cached, remaining) -> chunk` for `ModelRunner.prefill_chunk`."""
-    return lambda cached, remaining: largest_chunk(config, reserve, cached, remaining, elem)
+    return lambda cached, remaining: largest_chunk(config, reserve, cached, remaining, elem, materialized_scores)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from offspec.offload.estimates import FLOP_EFFICIENCY, matmul_params
 from offspec.progress import ProgressFn, no_progress
 from offspec.version import __version__
 
@@ -31,6 +32,12 @@ def build_profile(generator, load_cfg: Any, *, quick: bool = False, prompts: Opt
     hardware = measure_hardware(engine.target.device, engine.target.dtype, getattr(load_cfg, "offload_dir", None),
                                 quick=quick, progress=progress)
     measured = measure_pair(generator, config, prompts, progress)
+    flops = hardware.get("device_flops")
+    if flops:  # the planner's FLOP term: a pass past the sizes measured computes at least this long per token
+        usable = float(flops) * FLOP_EFFICIENCY
+        measured["timings"]["target_flop_seconds"] = 2 * matmul_params(engine.target.model.config) / usable
+        if engine.drafter.runner is not None:
+            measured["timings"]["draft_flop_seconds"] = 2 * matmul_params(engine.drafter.runner.model.config) / usable
     key = pair_key(generator, load_cfg)
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "target_params": model_params(engine.target.model),

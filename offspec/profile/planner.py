@@ -4,7 +4,9 @@
 
 - accepted(B, d): mean accepted draft tokens per pass (the pass also emits one token of the target's own);
 - target(B) = pass(B + 1 tokens) + (1 + accepted) * head: one forward over the root and the B nodes, then
-  the acceptance walk computes the LM head on every node of the accepted path and the bonus position;
+  the acceptance walk computes the LM head on every node of the accepted path and the bonus position; a pass (and
+  a draft step) is never faster than its tokens' matrix products at the device's usable FLOP/s (the FLOP term:
+  past the sizes measured, a curve extrapolates, and a flat, link-bound curve would extrapolate flat);
 - draft(B, w, d) = step(2) + steps * step(w): the catch-up of the new tokens and the root's children, then
   `steps` batched forwards of w nodes. Growth expands about every node that ends in the tree
   (`expand_ratio` * B nodes, measured) and each step goes at most one level deeper, so
@@ -51,16 +53,38 @@ class PairCosts:
     expand_ratio: float = 1.0  # draft nodes expanded per tree node (growth also expands nodes trimmed later)
     calibration_depth: int = 64  # max_depth the whole-tree draft times were measured with
     suffix_seconds: float = 0.0  # one suffix proposal (index lookup and candidate tree), per pass
+    # seconds per token of a pass's matrix products at the device's usable FLOP/s: no pass past the measured sizes
+    # is faster than its tokens times this (the FLOP term: measured curves stop at some size; 0 = none known)
+    target_flop_seconds: float = 0.0
+    draft_flop_seconds: float = 0.0
 
     def autoregressive_seconds(self) -> float:
-        return self.target_pass(1) + self.target_head
+        return self.target_pass_seconds(1) + self.target_head
+
+    def target_pass_seconds(self, tokens: int) -> float:
+        """One target pass of `tokens` tokens: the measured curve; past its largest size, never under the FLOP term."""
+        return _floored(self.target_pass, tokens, self.target_flop_seconds)
+
+    def draft_step_seconds(self, nodes: int) -> float:
+        """One draft step expanding `nodes` nodes: the measured curve; past its largest size, never under the FLOP
+        term."""
+        return _floored(self.draft_step, nodes, self.draft_flop_seconds)
 
     def scaled(self, draft: float = 1.0, target: float = 1.0) -> "PairCosts":
         """These costs with every draft time times `draft` and every target time times `target`."""
         return replace(self, target_pass=self.target_pass.scaled(target), target_head=self.target_head * target,
                        draft_step=self.draft_step.scaled(draft) if self.draft_step else None,
                        draft_propose=self.draft_propose.scaled(draft) if self.draft_propose else None,
-                       suffix_seconds=self.suffix_seconds * draft)
+                       suffix_seconds=self.suffix_seconds * draft, target_flop_seconds=self.target_flop_seconds * target,
+                       draft_flop_seconds=self.draft_flop_seconds * draft)
+
+
+def _floored(curve: CostCurve, n: int, per_unit: float) -> float:
+    """curve(n) where it was measured; past its largest size, at least n * per_unit (the measurements stand where
+    they exist: the FLOP term only bounds the extrapolation)."""
+    if n <= curve.largest:
+        return curve(n)
+    return max(curve(n), n * per_unit)
 
 
 @dataclass(frozen=True)
@@ -134,7 +158,7 @@ def auto_beams(budget: int) -> int:
 def _model_draft(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int) -> float:
     w = max(1, min(beams, budget))
     steps = max(min(float(depth), acceptance.depth(budget)), math.ceil(costs.expand_ratio * budget / w))
-    return costs.draft_step(2) + steps * costs.draft_step(w)
+    return costs.draft_step_seconds(2) + steps * costs.draft_step_seconds(w)
 
 
 def draft_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int,
@@ -160,7 +184,7 @@ def _model_tree_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: i
 def evaluate(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int,
              acceptance_scale: float = 1.0, drafter: str = "model") -> PlanPoint:
     accepted = min(acceptance(budget, depth) * acceptance_scale, float(budget), float(depth))
-    target = costs.target_pass(budget + 1) + (1.0 + accepted) * costs.target_head
+    target = costs.target_pass_seconds(budget + 1) + (1.0 + accepted) * costs.target_head
     return PlanPoint(budget=budget, max_beams=beams, max_depth=depth, accepted=accepted,
                      draft_seconds=draft_seconds(costs, acceptance, budget, beams, depth, drafter),
                      target_seconds=target, drafter=drafter)

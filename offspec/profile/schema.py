@@ -112,6 +112,9 @@ SCHEMA: dict[str, Any] = {
                 "calibration_depth": {"type": "integer", "minimum": 1},
                 "compute_bound_from": _OPT_INT,
                 "suffix_propose_seconds": {**_NUM, "description": "one suffix-drafter proposal, per pass"},
+                "target_flop_seconds": {**_NUM, "description": "a target pass's matrix products per token at the "
+                                                               "device's usable FLOP/s (the planner's FLOP term)"},
+                "draft_flop_seconds": {**_NUM, "description": "the same for a draft step, per node"},
             },
         },
         "acceptance": {**ACCEPTANCE, "description": "the draft model's acceptance (absent without a draft model)"},

@@ -195,7 +195,9 @@ def costs_of(data: dict, source: str = "profile") -> PairCosts:
                      draft_propose=CostCurve.of(propose, f"{source}: timings.draft_propose") if propose else None,
                      expand_ratio=float(t.get("expand_ratio", 1.0)),
                      calibration_depth=int(t.get("calibration_depth", 64)),
-                     suffix_seconds=float(t.get("suffix_propose_seconds", 0.0)))
+                     suffix_seconds=float(t.get("suffix_propose_seconds", 0.0)),
+                     target_flop_seconds=float(t.get("target_flop_seconds", 0.0)),
+                     draft_flop_seconds=float(t.get("draft_flop_seconds", 0.0)))
 
 
 ACCEPTANCE_SECTIONS = {"model": "acceptance", "suffix": "acceptance_suffix", "hybrid": "acceptance_hybrid"}

@@ -15,6 +15,7 @@ import torch
 from offspec.formats import kernels
 from offspec.formats.attention import exact as exact_attention
 from offspec.formats.attention import install as install_attention
+from offspec.formats.gpu.choice import cuda_kernels
 from offspec.formats.layers import active as compiled_layers
 from offspec.formats.layers import install as install_layers
 from offspec.formats.modules import QLinear
@@ -55,6 +56,14 @@ class ModelRunner:
         install_attention(model)  # SDPA, or exact attention within `exact_attention(True)`
         # None: every pass runs each decoder layer in one compiled call (exact attention included), else why not
         self.layers_unsupported = install_layers(model, self.device, self.dtype)
+        # CUDA: offspec's own layers (formats/gpu/layer.py: batch-invariant, tree attention without a dense mask)
+        self.gpu_layers = None  # that module where its layers run this model, else None
+        self.gpu_layers_unsupported = "not on CUDA"  # None, or why transformers' layers run on CUDA
+        if self.device.type == "cuda":
+            from offspec.formats.gpu import layer as gpu_layer  # lazy: a CPU never imports Triton
+
+            self.gpu_layers_unsupported = gpu_layer.install(model, self.device, self.dtype)
+            self.gpu_layers = gpu_layer if self.gpu_layers_unsupported is None else None
         self.capacity = capacity
         self.cache = SlotKVCache(model.config.num_hidden_layers, capacity)
         # transformers >= 5.2x names the cache argument `cache` (warning on `past_key_values`); earlier 5.x do not
@@ -80,13 +89,20 @@ class ModelRunner:
         """Run q tokens; return their (q, hidden) final hidden states.
 
         tokens, positions, slots: (q,) long. `slots` are where their keys/values are written.
-        visible: (q, kv_len) bool: which cache slots each token attends to (its own slot included).
+        visible: (q, kv_len) bool: which cache slots each token attends to (its own slot included). Every token sees
+        the committed slots [0, length) (the callers' invariant; offspec's CUDA layers take them as a shared prefix).
         """
         q, kv_len = visible.shape
+        self.cache.prepare(slots, kv_len)
+        if self.gpu_layers is not None:  # the CUDA layers read the pass's TailKeys, never a dense mask
+            keys = self.gpu_layers.TailKeys.of(visible, min(self.cache.length, kv_len))
+            with self.gpu_layers.active(keys):
+                out = self.body(input_ids=tokens[None], position_ids=positions[None],
+                                attention_mask=visible[None, None], use_cache=True, **{self._cache_arg: self.cache})
+            return out.last_hidden_state[0]
         # (1, 1, q, kv_len) additive mask in the model's dtype: 0 where visible, dtype-min elsewhere
         mask = torch.zeros((1, 1, q, kv_len), dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible[None, None], self._min)
-        self.cache.prepare(slots, kv_len)
         # a target's passes all run one path (exact attention either way); a draft's long passes run transformers'
         compiled = self.layers_unsupported is None and (self.exact or q <= COMPILED_MAX_TOKENS)
         with exact_attention(self.exact), compiled_layers(visible if compiled else None):
@@ -96,9 +112,14 @@ class ModelRunner:
 
     @functools.cached_property
     def head_is_row_invariant(self) -> bool:
-        """Does the LM head give each row the same bits whatever the batch? offspec's compiled CPU kernels do; a
-        GEMM (CUDA, torch's CPU matmul) may round by batch shape. Fixed once the model is loaded."""
-        return isinstance(self.lm_head, QLinear) and self.device.type == "cpu" and kernels.compiled() is not None
+        """Does the LM head give each row the same bits whatever the batch? offspec's compiled CPU kernels and its
+        CUDA kernels (formats/gpu) do; a GEMM (cuBLAS, torch's CPU matmul) may round by batch shape. Fixed once the
+        model is loaded."""
+        if not isinstance(self.lm_head, QLinear):
+            return False
+        if self.device.type == "cuda":
+            return cuda_kernels() == "triton"
+        return self.device.type == "cpu" and kernels.compiled() is not None
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
