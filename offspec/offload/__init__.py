@@ -1,10 +1,8 @@
 """Offloading: run a target bigger than the device by streaming its decoder layers from RAM or SSD.
 
-- sizes.py      "22GB" / "512MiB" -> bytes
-- config.py     OffloadConfig (frozen) and every default
+- config.py     the user's offloading options read into an OffloadConfig (offspec.config), memory constants
 - estimates.py  KV-cache and activation headroom from a model config
 - placement.py  Placement: each decoder layer on the device, in (pinned) RAM or on SSD, under the budgets
-- packed.py     packed per-layer files (one contiguous payload per layer) and their manifest
 - quant.py      NF4 / int8 weights through bitsandbytes, and the QuantLinear that computes with them
 - hostmem.py    page-aligned host buffers of exact size, pinned with cudaHostRegister, unpinned when freed
 - diskio.py     O_DIRECT reads into those buffers (buffered where a file system refuses O_DIRECT)
@@ -15,7 +13,6 @@
 - checkpoint.py reading the original safetensors a few tensors at a time
 - model.py      load_offloaded / load_offloaded_pair: what offspec.load calls
 - prefill.py    how many prompt tokens one prefill pass of a streamed target may hold
-- bench.py      `offspec bench offload`
 """
 
 from offspec.util.sizes import format_size, parse_size

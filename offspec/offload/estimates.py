@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from offspec.config import PREFILL_TOKENS  # a prefill pass of at least this many tokens fits in the reserve
+
 
 def _text(config: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -40,9 +42,6 @@ def activation_bytes(config: Any, tokens: int, kv_len: int, elem: int, logit_row
     scores = heads * tokens * kv_len * elem
     mask = tokens * kv_len * (elem + 1)
     return tokens * per_token + scores + mask + logit_rows * vocab * 4
-
-
-PREFILL_TOKENS = 512  # a prefill pass of at least this many tokens fits in the activation reserve (issue 12)
 
 
 def target_headroom(config: Any, max_context: int, max_budget: int, elem: int,
