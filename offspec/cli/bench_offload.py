@@ -43,6 +43,7 @@ from offspec.profile.hardware import host_to_device
 from offspec.spec.runner import ModelRunner
 from offspec.store.packed import ssd_files
 from offspec.util.device import check_device_budget, sync_compute, use_device
+from offspec.util.files import atomic_write
 from offspec.util.hf import quiet_transformers
 from offspec.util.sizes import format_size
 
@@ -326,9 +327,7 @@ def _main(args: argparse.Namespace) -> int:
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "offload-bench.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, out / "offload-bench.json")
+    atomic_write(out / "offload-bench.json", json.dumps(report, indent=2), fsync=False)
     plot(report, out / "offload-bench.png")
     print(f"{report['model']} on {report['device']}: {report['placement']['layers']}, "
           f"{format_size(report['placement']['bytes_per_pass'])} per pass; raw link {report['raw_link']}: "

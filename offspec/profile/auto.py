@@ -31,7 +31,7 @@ from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
 from .measure import CALIBRATION_DEPTH
 from .planner import PairCosts, PlannerConfig
-from .schema import ACCEPTANCE_FILE_SCHEMA, validate
+from .schema import AcceptanceFile, validate
 from .store import acceptance_curves, costs_of, find_profile, load_profile, profile_key, stale_profiles
 from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
 
@@ -73,7 +73,7 @@ def prior_acceptance(drafter: str = "model") -> tuple[AcceptanceCurve, str]:
 def prior_curves() -> tuple[dict[str, AcceptanceCurve], str]:
     """Every drafter's prior acceptance curve, and the pair they were measured with."""
     text = resources.files("offspec").joinpath("data/acceptance_prior.json").read_text(encoding="utf-8")
-    data = validate(json.loads(text), "offspec/data/acceptance_prior.json", ACCEPTANCE_FILE_SCHEMA)
+    data = validate(json.loads(text), "offspec/data/acceptance_prior.json", AcceptanceFile)
     return acceptance_curves(data, "acceptance prior"), data["acceptance"].get("pair", "the default pair")
 
 
