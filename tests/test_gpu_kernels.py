@@ -46,6 +46,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 @needs_triton
 def test_the_fused_kernels_compute_the_exact_products_in_triton_s_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
