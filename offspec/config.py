@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from .errors import OffspecError
@@ -185,46 +186,117 @@ class GenerationConfig:
         return self
 
 
-@dataclass(frozen=True)
-class LoadConfig:
-    """Which models to load, where and how."""
+RING_SLOTS = 2  # device slots the streamed layers rotate through (>= 2: one computes while the next loads)
+STAGING_BUFFERS = 2  # host staging buffers the SSD reader fills ahead of the copies
+PREFILL_TOKENS = 512  # a prefill pass of at least this many tokens fits in the activation reserve (issue 12)
+MIN_FIT_BUDGET = 64  # the smallest max_budget / max_context the loader lowers defaults to (fit_limits)
+MIN_FIT_CONTEXT = 1024
+MIN_FIT_PREFILL = 128  # prefill passes of a streamed target: at least this many tokens each
 
-    target: Optional[str] = None  # None = the built-in default target
-    draft: Optional[str] = None  # None = the built-in default draft
-    device: Optional[str] = None  # None = "cuda" when available, else "cpu"
-    dtype: Optional[str] = None  # None = bfloat16 on CUDA, float32 on CPU
+# metadata of a config field that is no option of `offspec.load` / the CLI: set by offspec itself (the loader,
+# tests, benchmarks); `split_options` refuses it by that name
+INTERNAL = {"option": False}
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Where the target's decoder layers may live (offspec/offload), and the limits its caches are sized for.
+    Sizes are bytes (`offspec.offload.config.read_options` reads "22GB"); None = derived from what is free."""
+
+    device_mem: Optional[int] = None  # everything offspec puts on the device: resident parts, KV caches, slots
+    ram_mem: Optional[int] = None  # host RAM for layers streamed from RAM (pinned on CUDA) and SSD staging
+    quant: str = "none"  # a float target stored once as: none, int4 (ggml Q4_1), int8 (ggml Q8_0), nf4 (CUDA)
+    draft_quant: str = "none"  # the same for a float draft (kept resident); a GGUF keeps its own format
+    offload_dir: Optional[Path] = None  # packed per-layer files; None = <cache dir>/offload
+    # a CPU's LM head: "auto" (read from SSD in every pass where the budget cannot keep it with every layer
+    # streamed), "always" or "never" (offspec/offload/head.py)
+    stream_head: str = "auto"
     max_context: int = 4096  # tokens of conversation the caches hold (capped by the model's own limit)
     max_budget: int = 4096  # the largest tree budget a call may ask for (the KV caches reserve room for it)
-    attn_implementation: str = "sdpa"
-    # offloading (the target's decoder layers: resident on the device -> host RAM -> SSD)
-    device_mem: Optional[str] = None  # device memory budget, e.g. "22GB"; None = what is free minus headroom
-    ram_mem: Optional[str] = None  # host RAM budget for streamed layers; None = what is free minus headroom
-    quant: str = "none"  # a float target quantized once: none, int4 (ggml Q4_1), int8 (ggml Q8_0), nf4 (CUDA)
-    draft_quant: str = "none"  # the same for a float draft (a GGUF keeps its own format)
-    # the draft's LM head: "auto" (its 65,536 most frequent tokens where a ranks table knows its tokenizer, else
-    # all), "full", or a token count (offspec/models/draft_vocab.py); the target always scores every token
-    draft_vocab: Union[str, int] = "auto"
-    offload_dir: Optional[str] = None  # where packed per-layer files live; None = the cache dir
-    stream_head: str = "auto"  # a CPU's target LM head: "auto" (read from SSD in every pass where the budget cannot
-    # keep it with every layer streamed), "always" or "never" (offspec/offload/head.py)
-    # CPU threads of torch; None = auto: the cores other processes leave free, re-checked while generating
-    threads: Optional[int] = None
+    # tuning and what the loader derives (no options of offspec.load)
+    ring_slots: int = field(default=RING_SLOTS, metadata=INTERNAL)
+    staging_buffers: int = field(default=STAGING_BUFFERS, metadata=INTERNAL)
+    # SSD reads with O_DIRECT (no page cache); falls back to buffered + DONTNEED
+    direct_io: bool = field(default=True, metadata=INTERNAL)
+    # checksum of each packed file: on its "first" read in a process, "always" or "never"
+    verify: str = field(default="first", metadata=INTERNAL)
+    pack_always: bool = field(default=False, metadata=INTERNAL)  # the packed store even when every layer fits
+    # limits the user left at their defaults ("max_budget", "max_context"): where the resident parts would not fit
+    # the device budget, the loader lowers them (budget first, to MIN_FIT_BUDGET / MIN_FIT_CONTEXT) and says so
+    fit_limits: tuple[str, ...] = field(default=(), metadata=INTERNAL)
+    min_budget: int = field(default=64, metadata=INTERNAL)  # never below the tree budget asked for
+    # the smallest prefill pass the activation reserve must hold
+    prefill_tokens: int = field(default=PREFILL_TOKENS, metadata=INTERNAL)
 
-    def validate(self) -> "LoadConfig":
+    def smaller_limits(self) -> Optional["OffloadConfig"]:
+        """The next smaller max_budget / max_context this config may fall back to, or None."""
+        floor = max(MIN_FIT_BUDGET, self.min_budget)
+        if "max_budget" in self.fit_limits and self.max_budget > floor:
+            return replace(self, max_budget=max(floor, self.max_budget // 2))
+        if "max_context" in self.fit_limits and self.max_context > MIN_FIT_CONTEXT:
+            return replace(self, max_context=max(MIN_FIT_CONTEXT, self.max_context // 2))
+        if self.fit_limits and self.prefill_tokens > MIN_FIT_PREFILL:  # longer prompts then take more passes
+            return replace(self, prefill_tokens=max(MIN_FIT_PREFILL, self.prefill_tokens // 2))
+        if self.fit_limits and self.staging_buffers > 1:  # one read fewer ahead of the compute
+            return replace(self, staging_buffers=1)
+        return None
+
+    def validate(self) -> "OffloadConfig":
         if not _is_int(self.max_context) or self.max_context <= 1:
             raise OffspecError(f"max_context must be a whole number > 1, got {self.max_context!r}; "
                                f"pass e.g. --max-context 4096")
         if not _is_int(self.max_budget) or self.max_budget <= 0:
             raise OffspecError(f"max_budget must be a positive whole number, got {self.max_budget!r}; "
                                f"pass e.g. --max-budget 512")
+        for name in ("quant", "draft_quant"):
+            if getattr(self, name) not in QUANTS:
+                raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, int4, int8 or nf4")
+        if self.ring_slots < 2:
+            raise OffspecError(f"ring_slots must be >= 2 (one slot computes while the next loads), "
+                               f"got {self.ring_slots}")
+        if self.staging_buffers < 1:
+            raise OffspecError(f"staging_buffers must be >= 1, got {self.staging_buffers}")
+        if self.verify not in ("first", "always", "never"):
+            raise OffspecError(f"verify must be first, always or never, got {self.verify!r}")
+        if self.stream_head not in ("auto", "always", "never"):
+            raise OffspecError(f"stream_head must be auto, always or never, got {self.stream_head!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Which models to load, where and how. Built from `offspec.load`'s keywords (the CLI's flags) by field
+    name, the offloading ones (device_mem, ram_mem, quant, draft_quant, offload_dir, stream_head, max_context,
+    max_budget) into `offload` (`split_options`)."""
+
+    target: Optional[str] = None  # None = the built-in default target
+    draft: Optional[str] = None  # None = the built-in default draft
+    device: Optional[str] = None  # None = "cuda" when available, else "cpu"
+    dtype: Optional[str] = None  # None = bfloat16 on CUDA, float32 on CPU
+    attn_implementation: str = "sdpa"
+    # the draft's LM head: "auto" (its 65,536 most frequent tokens where a ranks table knows its tokenizer, else
+    # all), "full", or a token count (offspec/models/draft_vocab.py); the target always scores every token
+    draft_vocab: Union[str, int] = "auto"
+    # CPU threads of torch; None = auto: the cores other processes leave free, re-checked while generating
+    threads: Optional[int] = None
+    # offloading (the target's decoder layers: resident on the device -> host RAM -> SSD) and the cache limits
+    offload: OffloadConfig = OffloadConfig()
+
+    @property
+    def max_context(self) -> int:
+        return self.offload.max_context
+
+    @property
+    def max_budget(self) -> int:
+        return self.offload.max_budget
+
+    def validate(self) -> "LoadConfig":
+        self.offload.validate()  # max_context and max_budget first, as the flags are listed
         if self.dtype not in (None, "float32", "bfloat16", "float16", "float64"):
             raise OffspecError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
         if self.threads is not None and (not _is_int(self.threads) or self.threads <= 0):
             raise OffspecError(f"threads must be a positive whole number (or auto), got {self.threads!r}")
         draft_vocab_setting(self.draft_vocab)  # one line for a bad value, before anything loads
-        for name in ("quant", "draft_quant"):
-            if getattr(self, name) not in QUANTS:
-                raise OffspecError(f"unknown {name} {getattr(self, name)!r}; use none, int4, int8 or nf4")
         return self
 
 
@@ -276,22 +348,43 @@ def split_auto_budget(options: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     if options.get("budget", AUTO_BUDGET) != AUTO_BUDGET:
         return options, False
     rest = {k: v for k, v in options.items() if k != "budget"}
-    cap = rest.get("max_budget", LoadConfig.max_budget)
+    cap = rest.get("max_budget", OffloadConfig.max_budget)
     if isinstance(cap, int) and 0 < cap < TreeConfig.budget:
         rest["budget"] = cap
     return rest, True
 
 
 def split_options(options: dict[str, Any], *classes: type) -> list[Any]:
-    """Build one instance of each config class from a flat keyword dict; unknown keys are an error."""
+    """Build one instance of each config class from a flat keyword dict, by field name; a field that holds a
+    config (LoadConfig.offload) is built the same way from the options named as its fields. Unknown keys, and
+    fields marked INTERNAL, are an error."""
     remaining = dict(options)
-    built = []
-    for cls in classes:
-        names = {f.name for f in fields(cls)}
-        built.append(cls(**{k: remaining.pop(k) for k in list(remaining) if k in names}))
+    built = [_build(cls, remaining) for cls in classes]
     if remaining:
         raise OffspecError(f"unknown option(s): {', '.join(sorted(remaining))}")
     return built
+
+
+def option_names(*classes: type) -> tuple[str, ...]:
+    """The option names of config classes, as `split_options` takes them (a nested config's options included)."""
+    names: list[str] = []
+    for cls in classes:
+        for f in fields(cls):
+            if is_dataclass(f.default):
+                names.extend(option_names(type(f.default)))
+            elif f.metadata.get("option", True):
+                names.append(f.name)
+    return tuple(names)
+
+
+def _build(cls: type, remaining: dict[str, Any]) -> Any:
+    kwargs = {}
+    for f in fields(cls):
+        if is_dataclass(f.default):  # a config within this one, e.g. LoadConfig.offload
+            kwargs[f.name] = _build(type(f.default), remaining)
+        elif f.name in remaining and f.metadata.get("option", True):
+            kwargs[f.name] = remaining.pop(f.name)
+    return cls(**kwargs)
 
 
 def updated(config: Any, **changes: Any) -> Any:

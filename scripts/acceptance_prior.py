@@ -9,15 +9,15 @@ so a curve that stops at 16 caps that drafter's plans at 16 (the hybrid's prior 
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from offspec.profile.schema import ACCEPTANCE_FILE_SCHEMA, ACCEPTANCE_FORMAT, VERSION, validate  # noqa: E402
+from offspec.profile.schema import ACCEPTANCE_FORMAT, VERSION, AcceptanceFile, validate  # noqa: E402
 from offspec.profile.store import ACCEPTANCE_SECTIONS  # noqa: E402
+from offspec.util.files import atomic_write  # noqa: E402
 
 
 def main(profile_path: str, command: str) -> None:
@@ -35,11 +35,9 @@ def main(profile_path: str, command: str) -> None:
               f"greedy, {sections['acceptance']['passes']} passes per drafter; used by --budget auto before a pair "
               f"is profiled, and online adaptation rescales it")
     data = {"format": ACCEPTANCE_FORMAT, "version": VERSION, "sources": [source], **sections}
-    validate(data, "acceptance prior", ACCEPTANCE_FILE_SCHEMA)
+    validate(data, "acceptance prior", AcceptanceFile)
     out = ROOT / "offspec" / "data" / "acceptance_prior.json"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, out)  # never a half-written prior
+    atomic_write(out, json.dumps(data))  # never a half-written prior
     print(f"wrote {out.relative_to(ROOT)}: " + ", ".join(
         f"{s} accepted {sec['accepted'][-1]} at budget {max(sec['budgets'])}" for s, sec in sections.items()))
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from offspec.models.draft_vocab import RANKS_FORMAT, vocab_fingerprint  # noqa: E402
 from offspec.profile.schema import VERSION  # noqa: E402
+from offspec.util.files import atomic_write  # noqa: E402
 
 SUFFIXES = (".py", ".md", ".rst", ".txt")
 SKIP = ("license", "copying", "notice", "authors", "record", "top_level", "entry_points", "requirements")
@@ -150,9 +150,7 @@ def main() -> None:
                       f"word frequencies",
             "ids": ranked}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
-    os.replace(tmp, args.out)  # never a half-written table
+    atomic_write(args.out, json.dumps(data, separators=(",", ":")))  # never a half-written table
     print(f"wrote {args.out}: {len(ranked):,} ids", file=sys.stderr)
 
 

@@ -53,3 +53,10 @@ def tiny_pair(tiny_dirs):
     target, draft = tiny_dirs[("llama", 0)]
     return offspec.load(str(target), str(draft), dtype="float64", max_context=256, max_budget=512)
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """Real-pair tests (`integration`) take minutes: they are `slow` too, out of the quick lane (`-m "not slow"`)."""
+    for item in items:
+        if item.get_closest_marker("integration") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)

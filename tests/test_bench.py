@@ -144,6 +144,7 @@ def test_an_injected_mismatch_is_reported(tiny_pair, tmp_path, monkeypatch):
     assert "| tree16 | 2 |" in (tmp_path / "bench.md").read_text()
 
 
+@pytest.mark.slow
 def test_bench_cli_writes_table_json_and_plot(tiny_dirs, tmp_path):
     target, draft = tiny_dirs[("llama", 0)]
     prompts = tmp_path / "p.txt"

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -25,6 +27,7 @@ def test_generate_json_has_the_documented_fields(tiny_dirs):
     assert abs(out["tokens_per_pass"] - len(out["token_ids"]) / out["passes"]) < 1e-3
 
 
+@pytest.mark.slow
 def test_generate_streams_text_and_no_speculate_matches(tiny_dirs):
     target, draft = tiny_dirs[("qwen2", 0)]
     common = ["generate", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "12", "Hi"]
@@ -34,6 +37,7 @@ def test_generate_streams_text_and_no_speculate_matches(tiny_dirs):
     assert "tokens/pass" in spec.stderr
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_without_traceback(tiny_dirs):
     target, draft = tiny_dirs[("qwen2", 0)]
     cases = [

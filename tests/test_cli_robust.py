@@ -43,7 +43,7 @@ BAD_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("command", ["generate", pytest.param("chat", marks=pytest.mark.slow)])
 def test_bad_options_are_refused_before_any_model_is_touched(command, capsys):
     """The target does not exist: an error about the option proves nothing was loaded or even looked up."""
     for extra, message in BAD_OPTIONS:
@@ -62,6 +62,7 @@ def test_budget_above_max_budget_names_the_flag_and_the_python_option():
     assert "--max-budget 64" in str(info.value) and "max_budget=64" in str(info.value)
 
 
+@pytest.mark.slow
 def test_chat_takes_the_generation_options_of_generate():
     generate = {a.dest for a in _parser()._subparsers._group_actions[0].choices["generate"]._actions}
     chat = {a.dest for a in _parser()._subparsers._group_actions[0].choices["chat"]._actions}

@@ -203,7 +203,7 @@ def test_a_staging_directory_of_a_dead_process_is_removed(tmp_path, served):
     spec, _, data = pinned(tmp_path)
     served.add(REPO, REVISION, spec.hub.filename, data)
     gguf_dir = tmp_path / "cache" / "gguf"
-    dead = gguf_dir / f".{spec.stem}{hub.STAGING_MARK}999999999"
+    dead = gguf_dir / f".{spec.stem}.hub.tmp-999999999-0123abcd"  # offspec.util.files' temp name, a dead pid
     (dead / "sub").mkdir(parents=True)
     (dead / "sub" / "half.incomplete").write_bytes(data[:10])
     ensure_gguf(spec, locate=no_chunks, root=tmp_path / "cache")

@@ -207,6 +207,7 @@ def test_a_reduced_draft_proposes_only_its_tokens_and_the_output_is_the_targets(
     assert few.generate("Hello there", max_new_tokens=40, budget=8, drafter="model").token_ids == plain.token_ids
 
 
+@pytest.mark.slow
 def test_sampling_with_a_reduced_draft_follows_the_target_distribution(tiny_dirs, config_dir):
     """The first two sampled tokens against the target's exact distribution (chi-square), the draft's head cut to
     a quarter of the vocabulary."""

@@ -13,8 +13,9 @@ from offspec.spec.sampling import TokenChooser
 PROMPTS = ["Hello", "def f(x):\n    return", "The quick brown fox"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed, arch", [(0, "qwen2"), pytest.param(0, "llama", marks=pytest.mark.slow),
+                                        pytest.param(1, "qwen2", marks=pytest.mark.slow),
+                                        pytest.param(1, "llama", marks=pytest.mark.slow)])
 def test_speculative_greedy_equals_plain_greedy(tiny_dirs, arch, seed):
     target, draft = tiny_dirs[(arch, seed)]
     gen = offspec.load(str(target), str(draft), dtype="float64", max_context=256, max_budget=512)
@@ -109,7 +110,10 @@ MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": 
             {"role": "user", "content": "Hi"}]
 
 
-@pytest.mark.parametrize("drafter", [None, "model", "suffix", "hybrid"])  # None: the target alone
+# None: the target alone; the quick lane keeps one speculating drafter (suffix: its trees cost no draft model)
+@pytest.mark.parametrize("drafter", [pytest.param(None, marks=pytest.mark.slow),
+                                     pytest.param("model", marks=pytest.mark.slow), "suffix",
+                                     pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_sampling_follows_the_target_distribution(unrelated_pair, drafter):
     """Chi-square test of the first two sampled tokens against the exact target distribution."""
     gen = unrelated_pair
@@ -151,6 +155,7 @@ def test_sampling_is_reproducible_with_a_seed(tiny_pair):
     assert a.token_ids == b.token_ids
 
 
+@pytest.mark.slow
 def test_budget_4096_builds_a_full_tree_and_stays_lossless(tiny_dirs):
     target, draft = tiny_dirs[("qwen2", 0)]
     gen = offspec.load(str(target), str(draft), dtype="float64", max_context=128, max_budget=4096)

@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 from helpers.faults import assert_no_temps, assert_one_line_error, fill, read_only, run, small_disk
 
+pytestmark = pytest.mark.slow  # every case runs `python main.py` in a subprocess, some several times
+
 
 @pytest.fixture(scope="module")
 def pair(tiny_dirs):

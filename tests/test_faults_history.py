@@ -82,6 +82,7 @@ def stored_rows(path: Path) -> list[tuple[int, str, str]]:
         return db.execute("SELECT chat_id, role, content FROM messages ORDER BY id").fetchall()
 
 
+@pytest.mark.slow
 def test_damaged_history_is_kept_as_a_backup_and_the_chat_starts(tmp_path):
     template = tmp_path / "template"
     original = make_history(template)

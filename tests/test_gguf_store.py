@@ -11,7 +11,6 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from helpers.tiny_gguf import mapped_file, save_shape_twin, save_tiny_gguf
@@ -119,7 +118,8 @@ def test_a_70b_shape_twin_in_iq4_xs_costs_no_more_on_disk_than_its_gguf(cache, t
     assert len(gen.generate("Hi", max_new_tokens=2, speculate=False).token_ids) == 2
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama", "tied", "legacy", "iq4", "lattice", "lattice2"])
+@pytest.mark.parametrize("name", ["qwen2", pytest.param("llama", marks=pytest.mark.slow), "tied", pytest.param("legacy", marks=pytest.mark.slow), "iq4",
+                                  pytest.param("lattice", marks=pytest.mark.slow), pytest.param("lattice2", marks=pytest.mark.slow)])
 def test_stored_weights_are_bitwise_what_transformers_reads(cache, ggufs, name):
     gen = offspec.load(str(ggufs[name]), str(ggufs[name]), budget=4, **LOAD)
     model = gen.engine.target.model
@@ -152,7 +152,8 @@ def _reference_linear(x, qweight, type_id, cols, bias=None):
     return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama", "legacy", "iq4", "lattice", "lattice2"])
+@pytest.mark.parametrize("name", [pytest.param("qwen2", marks=pytest.mark.slow), "llama", pytest.param("legacy", marks=pytest.mark.slow), "iq4", pytest.param("lattice", marks=pytest.mark.slow),
+                                  pytest.param("lattice2", marks=pytest.mark.slow)])
 def test_every_low_bit_layer_computes_the_reference_arithmetic_on_its_inputs(cache, ggufs, name):
     """Inside the real forward pass, each QLinear's output equals a float64 reference of the kernels' arithmetic
     applied to the input it actually got (layer by layer: no amplification through depth)."""
@@ -184,6 +185,7 @@ def test_a_shallow_model_computes_the_reference_end_to_end(cache, ggufs, monkeyp
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * want.abs().max().item())
 
 
+@pytest.mark.slow
 def test_resident_weights_on_a_cpu_are_the_store_files_own_pages(cache, ggufs):
     """Resident layers (the whole draft, a resident target) and the `other` payload (LM head, final norm) are
     memory-mapped from the store's files, not copied into anonymous memory: under a memory cap the kernel can
@@ -200,7 +202,7 @@ def test_resident_weights_on_a_cpu_are_the_store_files_own_pages(cache, ggufs):
 # --- losslessness --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "iq4"])
+@pytest.mark.parametrize("arch", [pytest.param("qwen2", marks=pytest.mark.slow), "llama", pytest.param("iq4", marks=pytest.mark.slow)])
 def test_speculative_greedy_equals_the_target_alone_resident_and_streamed(cache, ggufs, arch, tmp_path):
     target, draft = str(ggufs[arch]), str(ggufs[arch + "-draft"])
     resident = offspec.load(target, draft, **LOAD)
@@ -222,6 +224,7 @@ def test_speculative_greedy_equals_the_target_alone_resident_and_streamed(cache,
     streamed.engine.target.io.close()
 
 
+@pytest.mark.slow
 def test_multi_turn_on_a_gguf_pair_reuses_the_cache_and_matches_a_fresh_run(cache, ggufs):
     gen = offspec.load(str(ggufs["qwen2"]), str(ggufs["qwen2-draft"]), **LOAD)
     first = gen.generate([{"role": "user", "content": "Hi"}], max_new_tokens=12, budget=8)
@@ -239,8 +242,9 @@ def _output(gguf: Path) -> list[int]:
     return offspec.load(str(gguf), str(gguf), budget=4, **LOAD).generate("abc", max_new_tokens=12).token_ids
 
 
-@pytest.mark.parametrize("victim", ["weights/layer-0001.bin", "weights/other.bin", "weights/embed.bin",
-                                    "config.json"])
+@pytest.mark.parametrize("victim", [pytest.param("weights/layer-0001.bin", marks=pytest.mark.slow),
+                                    pytest.param("weights/other.bin", marks=pytest.mark.slow),
+                                    pytest.param("weights/embed.bin", marks=pytest.mark.slow), "config.json"])
 def test_damaged_content_of_the_right_size_is_found_and_rebuilt(cache, ggufs, victim):
     want = _output(ggufs["qwen2"])
     path = _entry(ggufs["qwen2"]) / victim
@@ -255,6 +259,7 @@ def test_damaged_content_of_the_right_size_is_found_and_rebuilt(cache, ggufs, vi
     assert gen.generate("abc", max_new_tokens=12).token_ids == want
 
 
+@pytest.mark.slow
 def test_damage_that_keeps_the_mtime_is_caught_by_the_layer_checksums(cache, ggufs):
     want = _output(ggufs["qwen2"])
     path = _entry(ggufs["qwen2"]) / "weights" / "layer-0002.bin"

@@ -24,6 +24,7 @@ ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K
 MS = "1,3,16,17,64,1024"
 
 
+@pytest.mark.slow
 @needs_triton
 def test_every_types_gpu_decode_equals_the_cpu_decode_bit_for_bit():
     results = interpret("decode", ",".join(ALL_TYPES))

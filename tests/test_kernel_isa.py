@@ -26,6 +26,7 @@ def two_builds():
     return kernels.compiled(), kernels.build_variant("avx2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("type_name", INTEGER)
 def test_avx512_kernels_compute_the_avx2_kernels_bits(two_builds, type_name):
     wide, avx2 = two_builds
@@ -51,6 +52,7 @@ def no_vnni(two_builds):
     return kernels._compile(no_progress, flags)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("type_name", ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "IQ4_NL", "IQ4_XS"))
 def test_avx512_without_vnni_computes_the_same_bits(two_builds, no_vnni, type_name):
     wide, avx2 = two_builds
@@ -81,6 +83,7 @@ def amx():
     ext.set_amx(True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("type_name", ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 def test_amx_tiles_compute_the_avx512_kernels_bits(amx, type_name):
     rng = np.random.default_rng(11)

@@ -29,7 +29,7 @@ def _minimal_device_mem(target, draft, tmp_path, **options) -> str:
     return re.search(r"--device-mem (\S+)", message)[1]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
 def test_speculative_greedy_with_a_streamed_target_equals_plain_greedy(tiny_dirs, deep_targets, tmp_path, arch):
     target, draft = deep_targets[arch], tiny_dirs[(arch, 0)][1]
     options = dict(dtype="float64", max_context=256, max_budget=64)

@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from offspec.cli.bench_offload import main
+
+pytestmark = pytest.mark.slow  # a whole `offspec bench offload` run (test_offload_api's bench test is the quick one)
 
 
 def test_bench_offload_writes_json_and_plot(tiny_dirs, tmp_path, capsys, monkeypatch):

@@ -110,7 +110,7 @@ def _dequantized_reference(path, kind):
     return model
 
 
-@pytest.mark.parametrize("kind,ratio", [("nf4", 3), ("int4", 3), ("int8", 1.8)])
+@pytest.mark.parametrize("kind,ratio", [pytest.param("nf4", 3, marks=pytest.mark.slow), ("int4", 3), ("int8", 1.8)])
 def test_quantized_offloaded_logits_match_the_dequantized_model(four_layer_dirs, tmp_path, kind, ratio):
     path = four_layer_dirs["qwen2"]  # q/k/v biases too
     events = []

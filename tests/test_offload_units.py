@@ -9,7 +9,7 @@ import torch
 
 from offspec import OffspecError
 from offspec.offload import diskio
-from offspec.offload.config import OffloadConfig
+from offspec.offload.config import OffloadConfig, offload_config
 from offspec.offload.diskio import FileReader, aligned_empty
 from offspec.offload.hostmem import page_round
 from offspec.offload.placement import ModelSizes, plan_placement, ram_bytes, spread
@@ -106,9 +106,9 @@ def test_budget_too_small_is_one_line_saying_what_to_do(device, cfg, flag):
 
 def test_bad_options_are_one_line_errors():
     with pytest.raises(OffspecError, match="device_mem"):
-        OffloadConfig.from_options(device_mem="12XB")
+        offload_config(device_mem="12XB")
     with pytest.raises(OffspecError, match="quant"):
-        OffloadConfig.from_options(quant="int3")
+        offload_config(quant="int3")
 
 
 def _fake_layer(i, n=3):

@@ -60,6 +60,7 @@ def test_largest_chunk_is_the_most_tokens_whose_activations_fit_the_reserve(pair
     assert largest_chunk(config, 0, 0, 10, 4) == 1  # one token always runs
 
 
+@pytest.mark.slow
 def test_a_streamed_target_prefills_a_long_prompt_in_one_pass_when_the_reserve_allows(pair, tmp_path, monkeypatch):
     options = dict(dtype="float32", max_context=1024, max_budget=900, budget=8)
     gen = _streamed(pair, tmp_path, **options)

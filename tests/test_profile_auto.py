@@ -161,6 +161,7 @@ def test_malformed_saved_profile_is_a_clear_error(quick_profile, tiny_dirs, tmp_
     assert find_profile(data["key"]) == broken
 
 
+@pytest.mark.slow
 def test_cli_budget_flag_accepts_auto(tiny_dirs, tmp_path):
     target, draft = tiny_dirs[("qwen2", 0)]
     env = {**__import__("os").environ, "OFFSPEC_CONFIG_DIR": str(tmp_path)}

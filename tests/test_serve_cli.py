@@ -6,6 +6,7 @@ import signal
 import socket
 
 import openai
+import pytest
 from helpers.serving import cli_server
 from test_cli import run
 
@@ -40,6 +41,7 @@ def test_a_port_in_use_and_a_bad_queue_size_are_one_line_errors(capsys):
     assert "queue size" in one_error_line(capsys, "--queue-size", "-1", "--target", "/nonexistent/model")
 
 
+@pytest.mark.slow
 def test_the_cli_server_answers_like_generate_and_stops_on_ctrl_c(tiny_dirs):
     target, draft = (str(p) for p in tiny_dirs[("qwen2", 0)])
     common = ["--target", target, "--draft", draft, "--budget", "8"]

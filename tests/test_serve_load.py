@@ -133,6 +133,7 @@ def _one_request(client: openai.OpenAI, model: str, i: int) -> str:
         return "429"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bounded_load_200_requests_from_4_clients(tiny_dirs):
     target, draft = tiny_dirs[("qwen2", 1)]

@@ -13,10 +13,13 @@ import random
 import threading
 
 import psutil
+import pytest
 
 import offspec
 from tui.history import HistoryStore
 from tui.session import ChatSession
+
+pytestmark = pytest.mark.slow  # 300 chat turns (minutes)
 
 TURNS, BASELINE_AT, TURNS_PER_CHAT = 300, 30, 4
 WORDS = ("cache", "tree", "draft", "target", "token", "layer", "budget", "pass", "sort", "graph")

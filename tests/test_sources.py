@@ -289,6 +289,7 @@ def test_failed_conversion_is_one_line_and_leaves_no_dir(tmp_path, monkeypatch):
 # real GGUF conversion (SmolLM2-135M, llama architecture, Q4_1, tied embeddings)
 
 
+@pytest.mark.slow
 def test_gguf_conversion_keeps_the_blocks_of_a_real_model(smol, monkeypatch):
     import gguf as gguf_py
     from transformers import AutoModelForCausalLM
@@ -326,6 +327,7 @@ def test_gguf_conversion_keeps_the_blocks_of_a_real_model(smol, monkeypatch):
     assert agree >= 0.8  # 8-bit activation blocks: close to the float computation, not equal
 
 
+@pytest.mark.slow
 def test_gguf_file_resolves_through_the_cache(smol, monkeypatch, tiny):
     monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(smol["root"]))
     events = []
@@ -353,6 +355,7 @@ def _same_tokenizer(got, want) -> None:
     assert len(got) == len(want)
 
 
+@pytest.mark.slow
 def test_converted_tokenizer_is_the_saved_pipeline(smol, monkeypatch):
     """A converted GGUF's tokenizer loads from the tokenizer.json offspec saved (not rebuilt by the model's class,
     which keeps Python copies of the vocabulary), and behaves exactly as the GGUF's own."""
@@ -364,6 +367,7 @@ def test_converted_tokenizer_is_the_saved_pipeline(smol, monkeypatch):
     _same_tokenizer(tokenizer, reference)
 
 
+@pytest.mark.slow
 def test_damaged_conversion_is_rebuilt(smol, tmp_path, monkeypatch):
     root = tmp_path / "cache"
     shutil.copytree(smol["root"], root)

@@ -196,6 +196,7 @@ def pair(tmp_path_factory) -> tuple[str, str]:
     return str(target), str(draft)
 
 
+@pytest.mark.slow
 def test_a_streamed_head_generates_what_the_resident_one_does(pair, tmp_path, monkeypatch):
     from offspec.offload import head as head_module
 

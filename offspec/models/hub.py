@@ -19,7 +19,6 @@ wrong size announced by the Hub is an OffspecError, not a reason to fall back si
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from contextlib import contextmanager
@@ -33,11 +32,10 @@ from huggingface_hub.errors import HfHubHTTPError
 from offspec.errors import OffspecError
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.util.hf import hub_cache_dir, hub_endpoint, hub_offline, quiet_hub
-from offspec.util.tempfiles import remove_stale_temps
+from offspec.util.files import remove_stale_temps, temp_path
 
 HUB_TIMEOUT = 5.0  # seconds: how long the Hub may take to answer the metadata request before offspec falls back
 POLL_SECONDS = 0.5  # how often the bytes downloaded so far are reported
-STAGING_MARK = ".hub.tmp-"  # staging directory: `.<stem>.hub.tmp-<pid>` next to the final GGUF
 
 
 @dataclass(frozen=True)
@@ -145,10 +143,9 @@ def staged_download(pin: HubPin, size: int, dest_dir: Path, *, stem: str, name: 
     endpoint = probe(pin, size, timeout=timeout)
     try:
         dest_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(dest_dir, f".{stem}{STAGING_MARK}")
+        remove_stale_temps(dest_dir)  # the staging directories (and other temps) of runs that died
         _free_space_check(dest_dir, size, name)
-        staging = dest_dir / f".{stem}{STAGING_MARK}{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)  # one of this process's earlier tries
+        staging = temp_path(dest_dir / f"{stem}.hub")  # `.<stem>.hub.tmp-<pid>-<random>` (offspec.util.files)
         staging.mkdir()
     except OSError as exc:
         raise OffspecError(f"cannot write to {dest_dir}: {exc.strerror or exc}") from exc

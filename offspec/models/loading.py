@@ -133,13 +133,14 @@ def _check_quant(located: ResolvedModel, quant: str, flag: str, device: torch.de
 
 def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: Union[torch.device, str],
               dtype: torch.dtype, attn_implementation: str = "sdpa",
-              progress: ProgressFn = no_progress, offload: Any = None,
+              progress: ProgressFn = no_progress, offload: Optional[OffloadConfig] = None,
               draft_vocab: Union[str, int] = "auto") -> tuple[LoadedModel, LoadedModel]:
     """Locate, check, convert and load a target and its draft.
 
     Tokenizers are compared before anything is converted or loaded: a draft that cannot serve the target costs
-    no conversion. A converted GGUF always loads through its weight store (its ggml blocks), which needs
-    `offload` (an OffloadConfig; offspec.load always passes one). The draft's LM head keeps the rows
+    no conversion. A converted GGUF always loads through its weight store (its ggml blocks), placed under
+    `offload` (None: float models load the plain way and a GGUF under the defaults; offspec.load always passes
+    one, from its LoadConfig). The draft's LM head keeps the rows
     `draft_vocab` asks for (offspec/models/draft_vocab.py) before the target is placed, so placement counts what stays."""
     target_loc = locate_model(target_spec, "target", progress=progress)
     draft_loc = locate_model(draft_spec, "draft", progress=progress)
@@ -167,7 +168,7 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
             draft_head(draft.model)
             return target, draft
         # offloading (offspec/offload): the draft loads first, then the target's decoder layers are placed under
-        # the device/RAM budgets of `offload` (an OffloadConfig) and streamed as needed
+        # the device/RAM budgets of `offload` and streamed as needed
         return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
                                    dtype=dtype, attn_implementation=attn_implementation, config=offload,
                                    progress=progress, load_model=load_model, draft_head=draft_head)
@@ -177,7 +178,7 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
 
 def load_target(target_spec: Optional[str], *, device: Union[torch.device, str], dtype: torch.dtype,
                 attn_implementation: str = "sdpa", progress: ProgressFn = no_progress,
-                offload: Any = None) -> LoadedModel:
+                offload: Optional[OffloadConfig] = None) -> LoadedModel:
     """Locate, convert and load a target without a draft model (`--draft none`: suffix drafts only)."""
     located = locate_model(target_spec, "target", progress=progress)
     if offload is not None:

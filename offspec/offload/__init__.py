@@ -1,6 +1,6 @@
 """Offloading: run a target bigger than the device by streaming its decoder layers from RAM or SSD.
 
-- config.py     OffloadConfig (frozen) and every default
+- config.py     the user's offloading options read into an OffloadConfig (offspec.config), memory constants
 - estimates.py  KV-cache and activation headroom from a model config
 - placement.py  Placement: each decoder layer on the device, in (pinned) RAM or on SSD, under the budgets
 - quant.py      NF4 / int8 weights through bitsandbytes, and the QuantLinear that computes with them

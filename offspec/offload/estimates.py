@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from offspec.config import PREFILL_TOKENS  # a prefill pass of at least this many tokens fits in the reserve
+
 
 def _text(config: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -58,9 +60,6 @@ def activation_bytes(config: Any, tokens: int, kv_len: int, elem: int, logit_row
     else:
         attention = tokens * heads * (head_dim + 2) * 4 + tokens * kv_len + tokens * min(tokens, kv_len) * 4
     return tokens * per_token + attention + logit_rows * vocab * 4
-
-
-PREFILL_TOKENS = 512  # a prefill pass of at least this many tokens fits in the activation reserve (issue 12)
 
 
 def target_headroom(config: Any, max_context: int, max_budget: int, elem: int,

@@ -6,7 +6,7 @@ Files, one concept each:
 - measure.py    the pair: timings and the acceptance curve on the shipped calibration prompts
 - curves.py     cost and acceptance curves (interpolation, extrapolation rules)
 - planner.py    the tree shape maximizing expected tokens/s
-- schema.py     the versioned JSON format and its validator (profiles/schema.json is its dump)
+- schema.py     the versioned JSON format as pydantic models, and validate() (profiles/schema.json: their JSON Schema)
 - store.py      fingerprints, atomic save, validated load, lookup in the config dir, reference profiles
 - builder.py    `offspec profile`'s work: measure, plan, assemble the profile
 - auto.py       budget="auto" at load: matching profile, else a start-up estimate; attaches the policy

@@ -19,9 +19,9 @@ import json
 import time
 from dataclasses import replace
 from importlib import resources
-from typing import Any, Optional
+from typing import Optional
 
-from offspec.config import TreeConfig
+from offspec.config import LoadConfig, TreeConfig
 from offspec.formats import kernels
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.spec.suffix_drafter import SuffixDrafter
@@ -31,7 +31,7 @@ from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
 from .measure import CALIBRATION_DEPTH
 from .planner import PairCosts, PlannerConfig
-from .schema import ACCEPTANCE_FILE_SCHEMA, validate
+from .schema import AcceptanceFile, validate
 from .store import acceptance_curves, costs_of, find_profile, load_profile, profile_key, stale_profiles
 from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
 
@@ -52,11 +52,11 @@ ESTIMATE_PROPOSE = (1, 2, 4, 8, 16, 32, 64)
 ESTIMATE_PROPOSE_SECONDS = 1.5
 
 
-def pair_key(generator, load_cfg: Any) -> dict:
+def pair_key(generator, load_cfg: LoadConfig) -> dict:
     """The fingerprint key of a loaded generator: hardware, model pair (names, dtype, quantization), placement."""
     info = generator.info
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
-              "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none")}
+              "quant": load_cfg.offload.quant, "draft_quant": load_cfg.offload.draft_quant}
     if "draft_vocab" in info.extra:  # a reduced draft head: other draft steps and acceptance (full heads: no key)
         models["draft_vocab"] = info.extra["draft_vocab"]
     if generator.engine.target.device.type == "cpu":  # low-bit weights: which build of offspec's kernels, or torch's
@@ -73,7 +73,7 @@ def prior_acceptance(drafter: str = "model") -> tuple[AcceptanceCurve, str]:
 def prior_curves() -> tuple[dict[str, AcceptanceCurve], str]:
     """Every drafter's prior acceptance curve, and the pair they were measured with."""
     text = resources.files("offspec").joinpath("data/acceptance_prior.json").read_text(encoding="utf-8")
-    data = validate(json.loads(text), "offspec/data/acceptance_prior.json", ACCEPTANCE_FILE_SCHEMA)
+    data = validate(json.loads(text), "offspec/data/acceptance_prior.json", AcceptanceFile)
     return acceptance_curves(data, "acceptance prior"), data["acceptance"].get("pair", "the default pair")
 
 
@@ -138,7 +138,7 @@ def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
     return points
 
 
-def apply_auto_budget(generator, load_cfg: Any, progress: Optional[ProgressFn] = None) -> AdaptiveBudget:
+def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[ProgressFn] = None) -> AdaptiveBudget:
     """Plan the tree of a freshly loaded generator and attach the adaptive policy (see the module doc)."""
     progress = progress or no_progress
     progress(ProgressEvent("budget", "choosing the tree budget", 0, 1))

@@ -6,6 +6,7 @@ import time
 from typing import Any, Optional
 
 from offspec.offload.estimates import FLOP_EFFICIENCY, matmul_params
+from offspec.config import LoadConfig
 from offspec.progress import ProgressFn, no_progress
 from offspec.version import __version__
 
@@ -23,13 +24,13 @@ def model_params(model: Any) -> Optional[int]:
         return None
 
 
-def build_profile(generator, load_cfg: Any, *, quick: bool = False, prompts: Optional[list[dict]] = None,
+def build_profile(generator, load_cfg: LoadConfig, *, quick: bool = False, prompts: Optional[list[dict]] = None,
                   config: Optional[MeasureConfig] = None, progress: ProgressFn = no_progress) -> tuple[dict, Plan]:
     """Measure everything and return (the profile dict, its plan). Nothing is written here."""
     engine, info = generator.engine, generator.info
     config = config or (QUICK if quick else FULL)
     prompts = prompts if prompts is not None else calibration_prompts(config.prompts)
-    hardware = measure_hardware(engine.target.device, engine.target.dtype, getattr(load_cfg, "offload_dir", None),
+    hardware = measure_hardware(engine.target.device, engine.target.dtype, load_cfg.offload.offload_dir,
                                 quick=quick, progress=progress)
     measured = measure_pair(generator, config, prompts, progress)
     flops = hardware.get("device_flops")
@@ -42,7 +43,7 @@ def build_profile(generator, load_cfg: Any, *, quick: bool = False, prompts: Opt
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "target_params": model_params(engine.target.model),
               "draft_params": model_params(engine.drafter.runner.model) if engine.drafter.runner is not None else None,
-              "quant": getattr(load_cfg, "quant", "none"), "draft_quant": getattr(load_cfg, "draft_quant", "none"),
+              "quant": load_cfg.offload.quant, "draft_quant": load_cfg.offload.draft_quant,
               "draft_vocab": info.extra.get("draft_vocab"), "placement": info.extra.get("placement")}
     data = {"format": "offspec-profile", "version": 1, "kind": "measured",
             "name": f"{hardware['device_name']}: {info.target} + {info.draft}",

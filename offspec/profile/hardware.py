@@ -22,7 +22,7 @@ from offspec.offload.hostmem import host_buffer
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.util.device import sync_compute
 from offspec.util.paths import cache_dir
-from offspec.util.tempfiles import remove_stale_temps
+from offspec.util.files import remove_stale_temps, temp_path
 from offspec.util.writable import check_writable_dir
 
 CHUNK = 16 * 2**20  # bytes per disk read call
@@ -112,8 +112,8 @@ def disk_read_bandwidth(directory: Path, nbytes: int, progress: ProgressFn = no_
     check_writable_dir(directory, "the directory whose disk is measured", "pass a writable --offload-dir, "
                        "or set OFFSPEC_CACHE_DIR")
     directory.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(directory, ".offspec-readtest-", ".bin")  # left by runs that were killed
-    path = directory / f".offspec-readtest-{os.getpid()}.bin"
+    remove_stale_temps(directory, legacy=(".offspec-readtest-*.bin",))  # left by runs that were killed
+    path = temp_path(directory / "offspec-readtest.bin")  # a scratch file, removed below
     block = os.urandom(CHUNK)
     nbytes = max(CHUNK, nbytes // CHUNK * CHUNK)
     try:

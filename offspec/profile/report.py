@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from offspec.util.files import atomic_write
+
 from .planner import Plan
 
 
@@ -83,9 +85,7 @@ def plan_summary(plan: Plan, label: str = "predicted") -> str:
 
 def plot(plan: Plan, path: Path, title: str, projection: bool = False) -> Path:
     """tokens/s and tokens/pass vs budget (log scale), the chosen budget marked. Written atomically."""
-    import os
-
-    import matplotlib
+    import matplotlib  # lazy: matplotlib takes a second to import, and only plots need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -108,11 +108,8 @@ def plot(plan: Plan, path: Path, title: str, projection: bool = False) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
     try:
-        fig.savefig(tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: fig.savefig(f, format="png"), fsync=False)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path

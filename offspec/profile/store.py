@@ -17,12 +17,12 @@ from typing import Any, Optional
 
 from offspec.errors import OffspecError
 from offspec.util.paths import config_dir
-from offspec.util.tempfiles import remove_stale_temps
+from offspec.util.files import atomic_write, remove_stale_temps
 from offspec.util.writable import check_writable_dir
 
 from .curves import AcceptanceCurve, CostCurve
 from .planner import PairCosts
-from .schema import ACCEPTANCE_FILE_SCHEMA, ACCEPTANCE_FORMAT, validate
+from .schema import ACCEPTANCE_FORMAT, AcceptanceFile, validate
 
 _VOLATILE = ("predicted", "seconds", "time", "bandwidth", "created", "budget")  # measured or derived from free memory
 _PLACEMENT_KEYS = ("device", "quant", "layers", "tiers")  # of `info.extra["placement"]` (offspec.offload)
@@ -145,7 +145,7 @@ def load_acceptance(path: Path) -> tuple[AcceptanceCurve, str]:
     """An acceptance curve from a measured profile or an acceptance file; returns it with a description."""
     data = read_json(path)
     if isinstance(data, dict) and data.get("format") == ACCEPTANCE_FORMAT:
-        validate(data, str(path), ACCEPTANCE_FILE_SCHEMA)
+        validate(data, str(path), AcceptanceFile)
     else:
         validate(data, str(path))
         if "acceptance" not in data:
@@ -165,22 +165,17 @@ def save_profile(data: dict, path: Path) -> Path:
     check_writable_dir(path.parent, "the profile directory", "make it writable, or save the profile "
                        "elsewhere (OFFSPEC_CONFIG_DIR, or --no-save with --out FILE)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(path.parent, f".{path.name}.", ".tmp")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    remove_stale_temps(path.parent)
+
+    def write(f) -> None:
+        json.dump(data, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, write, encoding="utf-8")  # fsync'd; Ctrl-C included, never a partial file
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OffspecError(f"cannot write profile {path}: {exc.strerror or exc}; free space or make "
                            f"{path.parent} writable (nothing was changed)") from None
-    except BaseException:  # Ctrl-C included: never leave a partial file behind
-        tmp.unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Optional
 
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
+from offspec.util.files import atomic_write, remove_stale_temps, sha256_file
 from offspec.util.paths import cache_dir
 
 MANIFEST = "offspec-manifest.json"
 FORMAT_VERSION = 2  # 1: float-only entries named <key>-<dtype> (removed when found)
 WEIGHTS_DIR = "weights"
-BLOCK = 8 * 1024 * 1024
 
 
 def _slug(text: str) -> str:
@@ -46,14 +45,6 @@ def store_key(key: str) -> dict:
     return {"model": key, "source": key, "format": "ggml"}
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_manifest(directory: Path) -> Optional[dict]:
     """The parsed manifest of a converted dir, or None when it is missing or unreadable."""
     try:
@@ -69,12 +60,8 @@ def entry_files(directory: Path) -> list[str]:
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
-    tmp = directory / f".{MANIFEST}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / MANIFEST)
+    remove_stale_temps(directory)  # a manifest temp of a run killed while rewriting it
+    atomic_write(directory / MANIFEST, lambda f: json.dump(manifest, f, indent=1), encoding="utf-8")  # fsync'd
 
 
 def verify_entry(directory: Path, *, deep: bool = False, progress: ProgressFn = no_progress,
@@ -100,7 +87,7 @@ def verify_entry(directory: Path, *, deep: bool = False, progress: ProgressFn = 
                 return f"{f['name']} is {st.st_size:,} bytes, expected {f['size']:,}"
             if deep or st.st_mtime_ns != f.get("mtime_ns"):
                 progress(ProgressEvent("verify", message or f"verifying {directory.name}", i, len(files)))
-                if file_sha256(path) != f["sha256"]:
+                if sha256_file(path) != f["sha256"]:
                     return f"{f['name']} is damaged (its content changed since it was written)"
                 if st.st_mtime_ns != f.get("mtime_ns"):
                     f["mtime_ns"] = st.st_mtime_ns

@@ -31,6 +31,7 @@ import torch
 
 from offspec.errors import OffspecError
 from offspec.progress import ProgressEvent, ProgressFn
+from offspec.util.files import atomic_write, remove_stale_temps, temp_path
 
 FORMAT = 2  # 2: ggml block tensors and extras (a format-1 set is rebuilt)
 MAGIC = b"OFFSPECL"
@@ -161,9 +162,11 @@ def write_layer(directory: Path, set_id: str, spec: LayerSpec,
     """Pack (name, tensor) pairs (any order, produced one at a time) into the layer's file at their offsets;
     returns the spec with its crc32. Holds one tensor at a time, never the whole layer."""
     expected = {t.name: t for t in spec.tensors}
-    tmp = directory / (spec.file + ".tmp")
-    written = set()
-    with open(tmp, "wb+") as f:
+    crc = 0
+
+    def write(f) -> None:
+        nonlocal crc
+        written = set()
         f.truncate(spec.file_bytes)  # zeros: header placeholder, alignment gaps and padding
         for name, value in tensors:
             t = expected[name]
@@ -177,7 +180,7 @@ def write_layer(directory: Path, set_id: str, spec: LayerSpec,
         if written != set(expected):
             raise ValueError(f"layer {spec.index}: tensors {sorted(set(expected) - written)} were not produced")
         f.flush()
-        crc, done = 0, 0
+        done = 0
         f.seek(HEADER)
         while done < spec.nbytes:  # checksum the payload as written (read back in chunks from the page cache)
             chunk = f.read(min(8 * 2**20, spec.nbytes - done))
@@ -185,7 +188,9 @@ def write_layer(directory: Path, set_id: str, spec: LayerSpec,
             done += len(chunk)
         f.seek(0)
         f.write(_header(set_id, spec, crc & 0xFFFFFFFF))
-    os.replace(tmp, directory / spec.file)
+
+    # no fsync per layer (gigabytes): the set's manifest, written last, is what says it is complete
+    atomic_write(directory / spec.file, write, fsync=False)
     return LayerSpec(spec.index, spec.file, spec.nbytes, spec.tensors, crc & 0xFFFFFFFF)
 
 
@@ -254,8 +259,8 @@ def build_store(directory: Path, key: dict, plans: list[LayerSpec], make_layer: 
     """Write a new set: every layer file and extra, then the manifest, in a temp directory renamed to `directory`.
     `extras` maps "other"/"embed" to (layout, a maker of its (name, tensor) pairs)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_temps(directory.parent)
-    tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    remove_stale_temps(directory.parent)
+    tmp = temp_path(directory)
     set_id = uuid.uuid4().hex
     extras = extras or {}
     total = len(plans) + len(extras)
@@ -270,8 +275,8 @@ def build_store(directory: Path, key: dict, plans: list[LayerSpec], make_layer: 
             progress(ProgressEvent(step, message, len(plans) + j, total))
             written[name] = write_layer(tmp, set_id, plan, make())
         packed = PackedSet(directory, set_id, key, tuple(specs), written)
-        (tmp / (MANIFEST + ".tmp")).write_text(json.dumps(_manifest_dict(packed)))
-        os.replace(tmp / (MANIFEST + ".tmp"), tmp / MANIFEST)  # the manifest last: its presence means complete
+        # the manifest last: its presence means complete
+        atomic_write(tmp / MANIFEST, json.dumps(_manifest_dict(packed)), fsync=False)
         if directory.exists():
             try:  # another process may have finished the same set meanwhile: keep theirs
                 theirs = open_store(directory, key)
@@ -290,32 +295,6 @@ def build_store(directory: Path, key: dict, plans: list[LayerSpec], make_layer: 
         raise
     progress(ProgressEvent(step, message, total, total, finished=True))
     return packed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # someone else's process
-    return True
-
-
-def remove_dead_temps(parent: Path) -> None:
-    """Remove temp directories `.<name>.tmp-<pid>-<rand>` (and `.trash-<pid>-...`) whose process is gone:
-    what an interrupted or killed build left behind. A live build's temp is never touched."""
-    try:
-        leftovers = [p for p in parent.iterdir() if p.name.startswith(".") and (".tmp-" in p.name or ".trash-" in p.name)]
-    except OSError:
-        return
-    for path in leftovers:
-        try:
-            pid = int(path.name.rsplit(".tmp-", 1)[-1].rsplit(".trash-", 1)[-1].split("-")[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def ensure_store(directory: Path, key: dict, plans: list[LayerSpec], make_layer: Callable[[int], Iterable],
