@@ -8,10 +8,12 @@ And the real cross-family pair (`-m integration`): Qwen2.5-Coder-1.5B with SmolL
 
 import collections
 import importlib.util
+import json
 import os
 from pathlib import Path
 
 import pytest
+from helpers.faults import run
 from helpers.tiny_vocab import (
     DRAFT_MERGES,
     TARGET_MERGES,
@@ -107,12 +109,42 @@ def test_the_draft_keeps_its_accepted_nodes_and_its_own_context(twin_pair):
     assert max(p.caught_up for p in result.passes[1:]) <= 8  # the first pass caught up on the prompt
 
 
+def test_a_draft_that_needs_more_tokens_than_its_cache_holds_keeps_a_window(xdirs, tmp_path):
+    """A byte-per-token draft spells " the" in 4 tokens where the target has one: the draft's context outgrows its
+    cache (sized for the target's context limit), and the draft keeps the last part of it."""
+    bytes_only = save_with_tokenizer(tmp_path / "bytes", merged_tokenizer((), seed=5, ascii_only=True), seed=6)
+    gen = offspec.load(str(xdirs["target"]), str(bytes_only), dtype="float64", max_context=64, max_budget=8)
+    drafter = gen.engine.drafter.model
+    prompt = "the" + " the" * 44
+    plain = gen.generate(prompt, max_new_tokens=12, speculate=False)
+    assert len(drafter.context.ids) > drafter.runner.capacity  # more draft tokens than its cache has slots
+    spec = gen.generate(prompt, max_new_tokens=12, budget=8, drafter="model")
+    assert spec.token_ids == plain.token_ids and drafter._start > 0
+    assert drafter.runner.length <= drafter.runner.capacity * 0.75
+
+
 def test_auto_budget_plans_for_the_mapped_draft_and_keys_its_profile(xdirs):
     gen = offspec.load(str(xdirs["target"]), str(xdirs["twin"]), budget="auto", **LOAD)
     assert gen.info.extra["budget_source"] == "estimate" and gen.policy is not None
     assert pair_key(gen, LoadConfig())["models"]["draft_mapping"] == "text"  # its own profile, its own acceptance
     plain = gen.generate("Hello the cat", max_new_tokens=24, speculate=False)
     assert gen.generate("Hello the cat", max_new_tokens=24).token_ids == plain.token_ids
+
+
+def test_offspec_profile_measures_the_mapped_pair(xdirs, tmp_path, monkeypatch):
+    """`offspec profile` times the draft on its own tokens and measures the mapped draft's acceptance curves, in a
+    profile of its own that `--budget auto` then uses."""
+    env = {"OFFSPEC_CONFIG_DIR": str(tmp_path / "config"), "OFFSPEC_CACHE_DIR": str(tmp_path / "cache")}
+    pair = ["--target", str(xdirs["target"]), "--draft", str(xdirs["twin"]), "--max-context", "256"]
+    proc = run(["profile", *pair, "--quick", "--prompts", "2", "--passes", "2"], env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [path] = (tmp_path / "config" / "profiles").glob("*.json")
+    profile = json.loads(path.read_text())
+    assert profile["key"]["models"]["draft_mapping"] == "text" and profile["acceptance"]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    gen = offspec.load(str(xdirs["target"]), str(xdirs["twin"]), max_context=256)
+    assert gen.info.extra["budget_source"] == "profile"
 
 
 def test_hf_assisted_set_up_says_it_needs_the_same_tokenizer(twin_pair, tmp_path):
