@@ -337,8 +337,12 @@ def test_gguf_file_resolves_through_the_cache(smol, monkeypatch, tiny):
     assert events == []  # already converted: no work
     tokenizer = load_tokenizer(resolved)
     assert tokenizer.decode(tokenizer.encode("Hello world")) == "Hello world"
-    with pytest.raises(OffspecError, match="SmolLM2-135M-Instruct.Q4_1.*tiny-qwen2|tiny-qwen2.*SmolLM2"):
-        load_pair(str(tiny["qwen2"]), str(smol["gguf"]), device=CPU, dtype=F32)
+    # a draft of another tokenizer: it loads with its own, and the load line says its proposals are mapped
+    events = []
+    target, draft = load_pair(str(tiny["qwen2"]), str(smol["gguf"]), device=CPU, dtype=F32, progress=events.append)
+    assert draft.tokenizer is not target.tokenizer and len(draft.tokenizer) == 49_152
+    assert "draft SmolLM2-135M-Instruct.Q4_1 (another tokenizer: proposals mapped through text)" in [
+        e.message for e in events]
 
 
 def _same_tokenizer(got, want) -> None:

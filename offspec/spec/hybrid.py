@@ -1,7 +1,8 @@
 """The drafter the engine holds: the draft model's tree, suffix candidates, or both merged into one tree.
 
 Each pass's `TreeConfig.drafter` picks the mode:
-- "model": SpecExec growth on the draft model (`TreeDrafter`);
+- "model": SpecExec growth on the draft model (`TreeDrafter`; a draft of another tokenizer: `MappedDrafter`, its
+  tree mapped to target tokens through text);
 - "suffix": continuations of text already seen (`SuffixDrafter`), no model at all;
 - "hybrid": the suffix candidates first (they cost almost nothing), then the draft model grows its tree
   with those candidates competing for the same budget: it stops once no open node can beat the

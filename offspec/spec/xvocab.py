@@ -14,9 +14,10 @@ around a draft model):
   text waits (`pending`) until the rest of it is committed.
 - `map_tree`: a tree of draft tokens -> a tree of target tokens. Each draft node's path is text; the text is encoded
   with the target's tokenizer along it (one draft token may make several target tokens, several draft tokens one,
-  and a path may end inside a target token). The last target token of a path could still change when the text
-  goes on (" Hel" is "ĠHel", " Hello" one token "ĠHello"), so it is kept only as a weaker candidate (`trailing`:
-  its score is the path's plus log(trailing); 0 drops it). The paths are merged into one trie of target tokens,
+  and a path may end inside a target token). The target tokens of a path's last word (as the target's
+  pre-tokenizer splits words) could still change when the text goes on (" Hel" is "ĠHel", " Hello" one token
+  "ĠHello"), so they are kept only as weaker candidates (`trailing`: their score is the path's plus log(trailing);
+  0 drops them); an added token (an end of turn) is whole. The paths are merged into one trie of target tokens,
   each node scored by the best draft path through it (a draft path's cumulative log-probability), and the best
   `budget` nodes are kept. Scores never increase along a path of the trie, so the kept nodes form a tree.
 
@@ -34,7 +35,7 @@ from .token_text import TokenTexts, complete_utf8
 
 WINDOW = 8  # draft tokens before new text that are encoded again with it (only those that change are run again)
 RESTART = 2  # a draft node's text is encoded again from this many of its parent's target tokens back
-TRAILING = 0.5  # the weight of a path's last target token, which more text could still change (0: dropped)
+TRAILING = 0.5  # the weight of the target tokens of a path's last word, which more text could change (0: dropped)
 
 
 class VocabMapping:
