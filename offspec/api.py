@@ -8,13 +8,14 @@ from typing import Any, Optional
 import torch
 
 from offspec.formats.cpu_linear import speed_up_cpu_linears
-from offspec.models.loading import load_pair, load_target
+from offspec.models.loading import check_same_tokenizer, load_pair, load_target
 from offspec.offload.config import OffloadConfig, checked_offload_dir, read_options
 from offspec.offload.prefill import chunk_planner
 from offspec.profile.auto import apply_auto_budget
 from offspec.spec.engine import SpeculativeEngine
 from offspec.spec.hybrid import build_drafter
 from offspec.spec.runner import PREFILL_CHUNK, ModelRunner
+from offspec.spec.xvocab import VocabMapping
 from offspec.util.device import (check_device_budget, is_out_of_memory, out_of_memory_error, resolve_device,
                                  resolve_dtype, use_device)
 from offspec.util.threads import ThreadGovernor, configure_threads
@@ -183,7 +184,10 @@ def _build_generator(plan: LoadPlan, loaded: _Loaded) -> Generator:
         elem = torch.empty((), dtype=plan.dtype).element_size()
         target_runner.prefill_chunk = chunk_planner(t.model.config, t.offload.placement.sizes.activation_bytes, elem,
                                                     materialized_scores=target_runner.gpu_layers is None)
-    drafter = build_drafter(draft_runner, device)  # model, suffix or hybrid trees, as each pass's TreeConfig asks
+    # a draft with another tokenizer proposes through text (offspec/spec/xvocab.py); verification is the same
+    mapped = d is not None and check_same_tokenizer(t, d) is not None
+    mapping = VocabMapping(t.tokenizer, d.tokenizer) if mapped else None
+    drafter = build_drafter(draft_runner, device, mapping=mapping)  # model, suffix or hybrid trees, per pass
     tree_cfg = replace(plan.tree, drafter=drafter.check_mode(plan.tree.drafter))
     engine = SpeculativeEngine(target_runner, drafter, max_context=max_context, max_budget=load_cfg.max_budget)
     info = ModelInfo(target=t.name, draft=d.name if d is not None else NO_DRAFT, device=str(device),
@@ -195,6 +199,8 @@ def _build_generator(plan: LoadPlan, loaded: _Loaded) -> Generator:
     info.extra["layers"] = target_runner.layers_unsupported or "compiled"
     if draft_runner is not None and draft_runner.vocab_ids is not None:  # the draft's reduced LM head
         info.extra["draft_vocab"] = int(draft_runner.vocab_ids.numel())
+    if mapping is not None:
+        info.extra["draft_mapping"] = mapping.summary()  # the draft's proposals mapped to the target's tokens
     if t.offload is not None:
         info.extra["placement"] = t.offload.summary()  # offloading: where the target's layers live
     generator = Generator(engine, t.tokenizer, _eos_ids(t.model, t.tokenizer), info, tree_cfg, plan.generation)

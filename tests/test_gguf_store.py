@@ -323,11 +323,14 @@ def test_a_truncated_gguf_is_one_line_that_says_so(cache, ggufs, tmp_path):
     assert "\n" not in message and "truncated or damaged" in message and "download it again" in message
 
 
-def test_a_draft_with_another_tokenizer_is_refused_before_any_conversion(cache, ggufs, tmp_path):
+def test_a_gguf_draft_with_another_tokenizer_proposes_through_text(cache, ggufs, tmp_path):
+    """Not refused: the draft keeps its own tokenizer, its proposals are mapped (offspec/spec/xvocab.py), and the
+    output is the target's."""
     other = save_tiny_gguf(tmp_path / "wide.gguf", "qwen2", seed=1, vocab_extra=16)
-    with pytest.raises(OffspecError, match="does not share the tokenizer"):
-        offspec.load(str(ggufs["qwen2"]), str(other), **LOAD)
-    assert not (cache / "models").exists() or not any((cache / "models").iterdir())  # nothing was converted
+    gen = offspec.load(str(ggufs["qwen2"]), str(other), **LOAD)
+    assert "draft_mapping" in gen.info.extra
+    plain = gen.generate("Hello", max_new_tokens=16, speculate=False)
+    assert gen.generate("Hello", max_new_tokens=16, budget=16, drafter="model").token_ids == plain.token_ids
 
 
 def test_quant_flags_on_a_gguf_and_nf4_on_a_cpu_are_refused_before_loading(cache, ggufs, tiny_dirs):

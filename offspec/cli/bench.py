@@ -108,6 +108,9 @@ def _run_hf_assisted(generator, prompt: str, *, max_new_tokens: int, temperature
     target = generator.engine.target.model
     if generator.engine.drafter.runner is None:
         raise OffspecError("set-up hf needs a draft model, and none is loaded (--draft none); drop hf from --budgets")
+    if "draft_mapping" in generator.info.extra:  # transformers' assisted generation takes the target's token ids
+        raise OffspecError("set-up hf needs a draft with the target's tokenizer; this draft's proposals are mapped "
+                           "through text: drop hf from --budgets")
     draft = generator.engine.drafter.runner.model
     ids = torch.tensor([generator.encode(prompt)], device=generator.engine.target.device)
     calls = [0]

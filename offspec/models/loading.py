@@ -1,7 +1,8 @@
 """Loading resolved models (weights + tokenizer) and checking that a draft can serve a target.
 
 Every failure the user can cause or fix (a corrupt or truncated safetensors file, a missing shard, an
-unknown architecture, too little memory, mismatched tokenizers) becomes one OffspecError line.
+unknown architecture, too little memory) becomes one OffspecError line. A draft with another tokenizer is no error:
+it proposes through the text mapping (offspec/spec/xvocab.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from offspec.store.entry import converted_dir, verify_entry
 from offspec.types import LoadedModel
 from offspec.util.hf import quiet_transformers
 
+from .auto_draft import choose_draft, tokenizer_difference
 from .convert import failure_reason
 from .draft_vocab import reduce_draft_head
 from .sources import ResolvedModel, convert_located, locate_model
@@ -91,33 +93,12 @@ def load_model(resolved: ResolvedModel, *, device: Union[torch.device, str], dty
     return LoadedModel(name=resolved.name, path=resolved.path, model=model, tokenizer=tokenizer)
 
 
-def _tokenizer_difference(target_tok: Any, draft_tok: Any) -> Optional[str]:
-    """A short description of how two tokenizers differ, or None when they agree."""
-    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
-    if tv != dv:
-        if len(tv) != len(dv):
-            return f"{len(tv):,} vs {len(dv):,} tokens"
-        token = next(t for t in sorted(tv) if tv[t] != dv.get(t))
-        return f"token {token!r} has id {tv[token]} vs {dv.get(token)}"
-    for attr in ("eos_token_id", "bos_token_id"):
-        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
-        if a != b:
-            return f"{attr.removesuffix('_id').replace('_', ' ')} id {a} vs {b}"
-    return None
-
-
-def _check_tokenizers(target_name: str, target_tok: Any, draft_name: str, draft_tok: Any) -> None:
-    difference = _tokenizer_difference(target_tok, draft_tok)
-    if difference is not None:
-        raise OffspecError(
-            f"draft model {draft_name!r} does not share the tokenizer of target model {target_name!r} "
-            f"({difference}); a draft must use the target's tokenizer, e.g. a smaller model of the same family"
-        )
-
-
-def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
-    """Raise OffspecError unless target and draft have the same vocabulary and eos/bos ids."""
-    _check_tokenizers(target.name, target.tokenizer, draft.name, draft.tokenizer)
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> Optional[str]:
+    """None when target and draft have the same vocabulary and eos/bos ids, else how they differ: such a draft
+    proposes through the text mapping (offspec/spec/xvocab.py), it is not refused."""
+    if draft.tokenizer is target.tokenizer:
+        return None
+    return tokenizer_difference(target.tokenizer, draft.tokenizer)
 
 
 def _check_quant(located: ResolvedModel, quant: str, flag: str, device: torch.device) -> None:
@@ -131,27 +112,49 @@ def _check_quant(located: ResolvedModel, quant: str, flag: str, device: torch.de
                            f"CPU); use {flag} int4, which offspec's CPU kernels run fast")
 
 
+def _is_default(spec: Optional[str]) -> bool:
+    return spec is None or spec.strip().lower() in ("", "default")
+
+
 def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: Union[torch.device, str],
               dtype: torch.dtype, attn_implementation: str = "sdpa",
               progress: ProgressFn = no_progress, offload: Optional[OffloadConfig] = None,
-              draft_vocab: Union[str, int] = "auto") -> tuple[LoadedModel, LoadedModel]:
+              draft_vocab: Union[str, int] = "auto") -> tuple[LoadedModel, Optional[LoadedModel]]:
     """Locate, check, convert and load a target and its draft.
 
-    Tokenizers are compared before anything is converted or loaded: a draft that cannot serve the target costs
-    no conversion. A converted GGUF always loads through its weight store (its ggml blocks), placed under
-    `offload` (None: float models load the plain way and a GGUF under the defaults; offspec.load always passes
-    one, from its LoadConfig). The draft's LM head keeps the rows
-    `draft_vocab` asks for (offspec/models/draft_vocab.py) before the target is placed, so placement counts what stays."""
+    A target the user named without a draft gets one (offspec/models/auto_draft.py: a cached model with its
+    tokenizer, else the default draft, else none: then the draft returned is None, suffix drafts only). A draft with
+    another tokenizer loads with its own, and proposes through the text mapping (offspec/spec/xvocab.py). Tokenizers
+    are read before anything is converted or loaded. A converted GGUF always loads through its weight store (its ggml
+    blocks), placed under `offload` (None: float models load the plain way and a GGUF under the defaults;
+    offspec.load always passes one, from its LoadConfig). The draft's LM head keeps the rows `draft_vocab` asks for
+    (offspec/models/draft_vocab.py) before the target is placed, so placement counts what stays."""
     target_loc = locate_model(target_spec, "target", progress=progress)
-    draft_loc = locate_model(draft_spec, "draft", progress=progress)
     if offload is not None:
         _check_quant(target_loc, offload.quant, "--quant", torch.device(device))
+    target_tok = load_tokenizer(target_loc)
+    draft_tok = None
+    if draft_spec is None and not _is_default(target_spec):  # a target of the user's and no draft named: choose one
+        choice = choose_draft(target_loc, target_tok, load_tokenizer, progress=progress)
+        progress(ProgressEvent("draft", choice.line, 1, 1, finished=True))
+        if choice.draft is None:
+            return _load_located_target(target_loc, target_tok, device=device, dtype=dtype,
+                                        attn_implementation=attn_implementation, progress=progress,
+                                        offload=offload), None
+        draft_loc, draft_tok = choice.draft, choice.tokenizer
+    else:
+        draft_loc = locate_model(draft_spec, "draft", progress=progress)
+    if offload is not None:
         _check_quant(draft_loc, offload.draft_quant, "--draft-quant", torch.device(device))
-    target_tok, draft_tok = load_tokenizer(target_loc), load_tokenizer(draft_loc)
-    _check_tokenizers(target_loc.name, target_tok, draft_loc.name, draft_tok)
-    # the same vocabulary and ids: one tokenizer serves both (a Qwen2.5 tokenizer holds about 100 MB of memory)
-    draft_tok = target_tok
-    if offload is None and (target_loc.gguf is not None or draft_loc.gguf is not None):
+    if draft_tok is None:
+        draft_tok = load_tokenizer(draft_loc)
+    if tokenizer_difference(target_tok, draft_tok) is None:
+        draft_tok = target_tok  # the same vocabulary and ids: one tokenizer serves both (a Qwen2.5 one holds ~100 MB)
+    else:
+        progress(ProgressEvent("draft", f"draft {draft_loc.name} (another tokenizer: proposals mapped through text)",
+                               1, 1, finished=True))
+    if offload is None and (target_loc.gguf is not None or draft_loc.gguf is not None
+                            or draft_loc.weights == "ggml"):
         offload = OffloadConfig()
     kwargs = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, progress=progress)
 
@@ -183,7 +186,13 @@ def load_target(target_spec: Optional[str], *, device: Union[torch.device, str],
     located = locate_model(target_spec, "target", progress=progress)
     if offload is not None:
         _check_quant(located, offload.quant, "--quant", torch.device(device))
-    target_tok = load_tokenizer(located)
+    return _load_located_target(located, load_tokenizer(located), device=device, dtype=dtype,
+                                attn_implementation=attn_implementation, progress=progress, offload=offload)
+
+
+def _load_located_target(located: ResolvedModel, target_tok: Any, *, device: Union[torch.device, str],
+                         dtype: torch.dtype, attn_implementation: str, progress: ProgressFn,
+                         offload: Optional[OffloadConfig]) -> LoadedModel:
     if offload is None and located.gguf is not None:
         offload = OffloadConfig()
     kwargs = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, progress=progress)

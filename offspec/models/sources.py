@@ -11,8 +11,8 @@ Spec forms, tried in this order:
 * `org/name:file.gguf`      one GGUF file of a hub repo, fetched the same way, then converted once.
 
 `locate_model` finds a model without converting anything (a GGUF is only located); `convert_located` converts
-it; `resolve_model` does both. `offspec.models.loading.load_pair` compares the two tokenizers in between, so a draft
-that cannot serve the target is refused before any conversion.
+it; `resolve_model` does both. `offspec.models.loading.load_pair` reads the two tokenizers in between (a draft of
+another tokenizer proposes through the text mapping, offspec/spec/xvocab.py), before any conversion.
 """
 
 from __future__ import annotations

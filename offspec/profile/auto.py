@@ -59,6 +59,8 @@ def pair_key(generator, load_cfg: LoadConfig) -> dict:
               "quant": load_cfg.offload.quant, "draft_quant": load_cfg.offload.draft_quant}
     if "draft_vocab" in info.extra:  # a reduced draft head: other draft steps and acceptance (full heads: no key)
         models["draft_vocab"] = info.extra["draft_vocab"]
+    if "draft_mapping" in info.extra:  # a draft of another tokenizer, its proposals mapped (offspec/spec/xvocab.py)
+        models["draft_mapping"] = "text"
     if generator.engine.target.device.type == "cpu":  # low-bit weights: which build of offspec's kernels, or torch's
         models["kernels"] = kernels.kernel_build()
     return profile_key(identity(generator.engine.target.device), models, info.extra.get("placement"))
@@ -99,7 +101,7 @@ def estimate_costs(generator, progress: ProgressFn = no_progress) -> tuple[PairC
         target_points, _ = sweep(timer.target_pass, engine.target.device, target_cfg, "estimate",
                                  "estimating the tree budget: target passes", progress)
         if draft is not None:
-            draft.extend(context[draft.length :])
+            engine.drafter.prefill(context)  # in the draft's own tokens (another tokenizer: mapped)
             draft_cfg = replace(ESTIMATE_DRAFT, largest=min(max(1, engine.max_budget), draft.capacity - draft.length))
             draft_points, _ = sweep(timer.draft_step, draft.device, draft_cfg, "estimate",
                                     "estimating the tree budget: draft steps", progress)

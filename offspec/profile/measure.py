@@ -264,7 +264,7 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
         target_points, bound = sweep(timer.target_pass, engine.target.device, target_cfg, "target",
                                      "target pass time vs tokens", progress)
         if draft is not None:
-            draft.extend(context[draft.length :])
+            engine.drafter.prefill(context)  # in the draft's own tokens (another tokenizer: mapped)
             draft_cfg = _capped(config.draft_sweep, draft.capacity - draft.length)
             draft_points, _ = sweep(timer.draft_step, draft.device, draft_cfg, "draft", "draft step time vs nodes",
                                     progress)

@@ -4,8 +4,9 @@
 most probable continuations, expanding the best nodes in batched draft forwards. A single chain
 (classic speculative decoding) is the same drafter with `TreeConfig.chain(depth)`. The model-free
 `SuffixDrafter` (offspec/spec/suffix_drafter.py) and the `HybridDrafter` that merges both (offspec/spec/hybrid.py)
-implement the same interface; the engine holds a `HybridDrafter`, whose modes and session history the rest of
-offspec uses through `EngineDrafter`.
+implement the same interface, and so does `MappedDrafter` (offspec/spec/mapped_drafter.py), a draft model of
+another vocabulary whose tree is mapped to target tokens; the engine holds a `HybridDrafter`, whose modes and
+session history the rest of offspec uses through `EngineDrafter`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class EngineDrafter(Drafter, Protocol):
     def use_history(self, enabled: bool) -> None:
         """Draft from the earlier replies of the session too (on), or from the conversation alone (off)."""
 
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """The draft model (if any) processes the committed `tokens` in its own tokens: the context that profiling
+        times draft steps on."""
+
 
 class TreeDrafter:
     """SpecExec tree growth on a draft model with a slot KV cache.
@@ -90,6 +95,10 @@ class TreeDrafter:
     def forget(self) -> None:
         self.runner.cache.truncate(0)
         self.runner.forget_tokens()
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """The draft model processes the committed `tokens`, as a proposal would catch up on them."""
+        self.runner.extend(list(tokens[self.runner.length :]))
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], config: TreeConfig, temperature: float,

@@ -1,7 +1,8 @@
 """The drafter the engine holds: the draft model's tree, suffix candidates, or both merged into one tree.
 
 Each pass's `TreeConfig.drafter` picks the mode:
-- "model": SpecExec growth on the draft model (`TreeDrafter`);
+- "model": SpecExec growth on the draft model (`TreeDrafter`; a draft of another tokenizer: `MappedDrafter`, its
+  tree mapped to target tokens through text);
 - "suffix": continuations of text already seen (`SuffixDrafter`), no model at all;
 - "hybrid": the suffix candidates first (they cost almost nothing), then the draft model grows its tree
   with those candidates competing for the same budget: it stops once no open node can beat the
@@ -18,7 +19,7 @@ passes or calls is always safe: the draft model catches up on the tokens it has 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -26,14 +27,16 @@ from offspec.config import DRAFTERS, SuffixConfig, TreeConfig
 from offspec.errors import OffspecError
 
 from .drafter import TreeDrafter
+from .mapped_drafter import MappedDrafter
 from .suffix_drafter import SuffixDrafter
 from .tree import DraftTree, merge_trees
+from .xvocab import VocabMapping
 
 
 class HybridDrafter:
     """The engine's drafter (`EngineDrafter`: a `Drafter` with modes and a session history)."""
 
-    def __init__(self, model: Optional[TreeDrafter], suffix: SuffixDrafter):
+    def __init__(self, model: Union[TreeDrafter, MappedDrafter, None], suffix: SuffixDrafter):
         self.model, self.suffix = model, suffix
         self.kind = "hybrid"  # what built the last tree: "model", "suffix" or "hybrid"
         self.caught_up = 0  # tokens the draft model caught up on in the last proposal (0: it did not run)
@@ -114,6 +117,11 @@ class HybridDrafter:
             self.model.forget()
         self.suffix.forget()
 
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """The draft model (if any) processes the committed `tokens` (profiling times its steps on them)."""
+        if self.model is not None:
+            self.model.prefill(tokens)
+
     def remember(self, replies: Sequence[Sequence[int]]) -> None:
         """Earlier replies of the session into the suffix drafter's session history (benchmarks of a session)."""
         self.suffix.remember(replies)
@@ -142,7 +150,11 @@ class HybridDrafter:
         return self._out
 
 
-def build_drafter(draft_runner, device: torch.device, suffix_config: SuffixConfig = SuffixConfig()) -> HybridDrafter:
-    """The engine's drafter for a loaded pair (`draft_runner` None: no draft model, suffix drafts only)."""
+def build_drafter(draft_runner, device: torch.device, suffix_config: SuffixConfig = SuffixConfig(),
+                  mapping: Optional[VocabMapping] = None) -> HybridDrafter:
+    """The engine's drafter for a loaded pair (`draft_runner` None: no draft model, suffix drafts only). `mapping`:
+    the draft has another tokenizer, and proposes through it (offspec/spec/mapped_drafter.py)."""
     model = TreeDrafter(draft_runner) if draft_runner is not None else None
+    if model is not None and mapping is not None:
+        model = MappedDrafter(model, mapping)
     return HybridDrafter(model, SuffixDrafter(suffix_config, device))
