@@ -13,7 +13,8 @@ import offspec
 from offspec.models import auto_draft, loading
 from offspec.models.loading import load_pair, load_tokenizer
 from offspec.models.sources import ResolvedModel, locate_model
-from offspec.store.entry import FORMAT_VERSION, entry_files, file_sha256, write_manifest
+from offspec.store.entry import FORMAT_VERSION, entry_files, write_manifest
+from offspec.util.files import sha256_file
 
 SMALL = dict(hidden=32, layers=1, heads=2, kv_heads=1)
 
@@ -26,7 +27,7 @@ def make_entry(cache: Path, key: str, model_dir: Path, source: str) -> Path:
     for rel in entry_files(directory):
         st = (directory / rel).stat()
         files.append({"name": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                      "sha256": file_sha256(directory / rel)})
+                      "sha256": sha256_file(directory / rel)})
     write_manifest(directory, {"format": FORMAT_VERSION, "source": source, "weights": "float32", "files": files})
     return directory
 
