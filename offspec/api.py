@@ -8,6 +8,7 @@ from typing import Any, Optional
 import torch
 
 from offspec.formats.cpu_linear import speed_up_cpu_linears
+from offspec.formats.gguf_config import VERIFIED, family_of
 from offspec.models.loading import load_pair, load_target
 from offspec.offload.config import OffloadConfig
 from offspec.offload.prefill import chunk_planner
@@ -43,6 +44,24 @@ def _eos_ids(model, tokenizer) -> set[int]:
     vocab = tokenizer.get_vocab()
     ids.update(vocab[t] for t in ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>") if t in vocab)
     return ids
+
+
+def _family(config: Any) -> tuple[str, bool]:
+    """(family or architecture, whether offspec's conversion of it is verified against a reference)."""
+    family = family_of(config)
+    return (family, family in VERIFIED) if family else (str(getattr(config, "model_type", "unknown")), False)
+
+
+def load_line(name: str, extra: dict) -> str:
+    """What the user sees of how the target runs: its family, its layers (compiled, or transformers' and why), and
+    a warning where its family is not verified against a reference."""
+    layers = ("compiled CPU layer" if extra["layers"] == "compiled"
+              else f"transformers' layers ({extra['layers']})")
+    line = f"{name}: {extra['family']} family, {layers}"
+    if not extra["verified"]:
+        line += (f"; the {extra['family']} architecture is not verified against a reference (offspec verifies "
+                 f"{', '.join(sorted(VERIFIED))}): check its output")
+    return line
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
                             "drafter": tree_cfg.drafter})
     # how each decoder layer runs: one compiled call (offspec.formats.layers), or transformers' modules and why
     info.extra["layers"] = target_runner.layers_unsupported or "compiled"
+    info.extra["family"], info.extra["verified"] = _family(t.model.config)
+    progress(ProgressEvent("load", load_line(t.name, info.extra), 1, 1, finished=True))
     if draft_runner is not None and draft_runner.vocab_ids is not None:  # the draft's reduced LM head
         info.extra["draft_vocab"] = int(draft_runner.vocab_ids.numel())
     if t.offload is not None:

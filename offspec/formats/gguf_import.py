@@ -102,7 +102,9 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         raise ImportUnsupported(f"{arch} GGUF tensors need transformers' {processor_cls.__name__}")
     model = _skeleton(config)
     processor = processor_cls(config=config.to_dict())
-    name_map = hf_gguf.get_gguf_hf_weights_map(model, processor)
+    # a GGUF transformers reads as Mistral is a llama file (gguf-py has no mistral tensor table)
+    model_type = "llama" if config.model_type == "mistral" else None
+    name_map = hf_gguf.get_gguf_hf_weights_map(model, processor, model_type=model_type)
     layers_list = getattr(model.get_decoder(), "layers", None)
     if not isinstance(layers_list, nn.ModuleList):
         raise ImportUnsupported(f"{config.model_type} has no decoder `layers` list")
