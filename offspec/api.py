@@ -8,7 +8,7 @@ from typing import Any, Optional
 import torch
 
 from offspec.formats.cpu_linear import speed_up_cpu_linears
-from offspec.formats.gguf_config import VERIFIED, family_of
+from offspec.formats.gguf_config import UNVERIFIED, VERIFIED, family_of
 from offspec.models.loading import load_pair, load_target
 from offspec.offload.config import OffloadConfig
 from offspec.offload.prefill import chunk_planner
@@ -46,21 +46,24 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def _family(config: Any) -> tuple[str, bool]:
-    """(family or architecture, whether offspec's conversion of it is verified against a reference)."""
+def _family(config: Any) -> tuple[str, Any]:
+    """(family or architecture, True where offspec's conversion of it is verified against a reference, else why
+    not)."""
     family = family_of(config)
-    return (family, family in VERIFIED) if family else (str(getattr(config, "model_type", "unknown")), False)
+    if family is None:
+        return (str(getattr(config, "model_type", "unknown")),
+                f"offspec verifies {', '.join(sorted(VERIFIED))} and not this architecture")
+    return family, getattr(config, UNVERIFIED, None) or family in VERIFIED
 
 
 def load_line(name: str, extra: dict) -> str:
     """What the user sees of how the target runs: its family, its layers (compiled, or transformers' and why), and
-    a warning where its family is not verified against a reference."""
+    a warning where its conversion is not verified against a reference."""
     layers = ("compiled CPU layer" if extra["layers"] == "compiled"
               else f"transformers' layers ({extra['layers']})")
     line = f"{name}: {extra['family']} family, {layers}"
-    if not extra["verified"]:
-        line += (f"; the {extra['family']} architecture is not verified against a reference (offspec verifies "
-                 f"{', '.join(sorted(VERIFIED))}): check its output")
+    if extra["verified"] is not True:
+        line += f"; not verified against a reference ({extra['verified']}): check its output"
     return line
 
 

@@ -83,7 +83,7 @@ def test_a_family_converts_with_its_blocks_and_computes_what_transformers_comput
     reader = gguf_py.GGUFReader(str(ggufs[family]))
     quantized = sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type.name != "F32")
     assert manifest["weights"] == "ggml" and sum(manifest["types"].values()) == quantized  # every block, as it is
-    assert gen.info.extra["family"] == RUNS_AS.get(family, family) and gen.info.extra["verified"]
+    assert gen.info.extra["family"] == RUNS_AS.get(family, family) and gen.info.extra["verified"] is True
     runner = gen.engine.target
     got = runner.logits(_causal(runner, PROMPT))  # (q, V)
     with torch.no_grad():
@@ -145,9 +145,16 @@ def test_the_load_line_names_the_family_and_how_its_layers_run(cache, ggufs, mon
 def test_a_family_outside_the_verified_ones_says_so_on_its_load_line():
     from offspec.api import load_line
 
-    line = load_line("x", {"family": "starcoder2", "verified": False, "layers": "Starcoder2DecoderLayer is not ..."})
-    assert "not verified against a reference" in line and "check its output" in line
+    from offspec.api import _family
+
+    config = type("Config", (), {"model_type": "starcoder2"})()
+    family, verified = _family(config)
+    line = load_line("x", {"family": family, "verified": verified, "layers": "Starcoder2DecoderLayer is not ..."})
+    assert family == "starcoder2" and "not verified against a reference (offspec verifies gemma2" in line
+    assert line.endswith("check its output")
     assert "not verified" not in load_line("x", {"family": "qwen3", "verified": True, "layers": "compiled"})
+    config = type("Config", (), {"model_type": "phi3", "offspec_unverified": "its longrope factors ..."})()
+    assert _family(config) == ("phi3", "its longrope factors ...")  # a verified family, this file not
 
 
 def test_the_config_is_completed_as_llama_cpp_reads_the_file():
@@ -181,7 +188,8 @@ def test_a_mistral_window_over_every_layer_is_applied(cache, tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    config = MistralConfig(**{k: v for k, v in tiny_config("llama").to_dict().items() if k in MistralConfig().to_dict()})
+    known = MistralConfig().to_dict()
+    config = MistralConfig(**{k: v for k, v in tiny_config("llama").to_dict().items() if k in known})
     config.sliding_window = 6
     model = MistralForCausalLM(config).float().eval()
     with torch.no_grad():
@@ -200,3 +208,85 @@ def test_a_mistral_window_over_every_layer_is_applied(cache, tmp_path):
         full = unwindowed.float().eval()(torch.tensor([PROMPT])).logits[0]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     assert not torch.allclose(got[-1], full[-1], rtol=1e-3, atol=1e-3)  # the window changed the last rows
+
+
+# --- bad input: one line, nothing in the cache ----------------------------------------------------
+
+
+def _one_tensor_gguf(path, arch: str, type_name: str):
+    """A GGUF holding one (8, 256) tensor of `type_name` (random bytes): enough for the checks made before any
+    conversion."""
+    import gguf as gguf_py
+    import numpy as np
+
+    qt = gguf_py.GGMLQuantizationType[type_name]
+    block, nbytes = gguf_py.GGML_QUANT_SIZES[qt]
+    w = gguf_py.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.random.default_rng(0).integers(0, 256, (8, 256 // block * nbytes),
+                                                                         dtype=np.uint8), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch, type_name, says", [
+    ("fancy9", "Q4_0", "has the architecture 'fancy9', which offspec cannot run"),
+    ("llama", "Q8_K", "holds token_embd.weight as Q8_K, a ggml type no offspec code path can read"),
+])
+def test_an_unknown_architecture_or_an_unreadable_type_is_one_line_and_leaves_the_cache_alone(
+        tmp_path, arch, type_name, says):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bad = _one_tensor_gguf(tmp_path / "bad.gguf", arch, type_name)
+    cache = tmp_path / "cache"
+    root = Path(__file__).parent.parent
+    env = {**__import__("os").environ, "OFFSPEC_CACHE_DIR": str(cache)}
+    done = subprocess.run([sys.executable, str(root / "main.py"), "generate", "--target", str(bad), "--draft", "none",
+                           "--raw", "hi"], capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert not (cache / "models").exists() or not any((cache / "models").iterdir())
+
+
+def test_llama3_rope_factors_in_the_file_become_the_rope_parameters_that_reproduce_them(cache, tmp_path):
+    """Llama 3.1+ GGUFs hold their rope frequency factors as a tensor, which transformers' reader skips: offspec
+    sets the llama3 rope parameters that give the same frequencies (as llama.cpp applies the tensor)."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from offspec.formats.gguf_config import llama3_factors
+
+    factors = llama3_factors(10000.0, 64, 8.0, 1.0, 4.0, 8192)  # (32,): head_dim 64
+    assert 1.0 < factors.max() == 8.0 and factors.min() == 1.0  # the tiny head reaches all three regions
+    path = save_tiny_gguf(tmp_path / "llama31.gguf", "llama", rope_freqs=factors)
+    events = []
+    gen = offspec.load(str(path), "none", budget=4, progress=events.append, **LOAD)
+    assert any("llama3 rope (factor 8" in e.message for e in events)
+    config = AutoConfig.from_pretrained(str(converted_dir(gguf_key(path))))
+    assert config.rope_parameters["rope_type"] == "llama3"
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    base = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64))
+    torch.testing.assert_close(inv_freq.double(), base / torch.from_numpy(factors), rtol=1e-6, atol=0)
+    assert gen.generate(PROMPT, max_new_tokens=4, speculate=False).token_ids
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_rope_factors_offspec_cannot_reproduce_convert_and_say_so_on_the_load_line(cache, tmp_path, family):
+    """Frequency factors that match no llama3 rope parameters (llama), and phi3's longrope factors (Phi-3 128k,
+    Phi-3.5, Phi-4-mini): converted with the blocks kept, the load line says the file is not verified."""
+    import numpy as np
+
+    factors = np.linspace(1.0, 3.0, 32 if family == "llama" else 16)  # (head_dim / 2,) of the tiny head
+    path = save_tiny_gguf(tmp_path / f"{family}.gguf", family, rope_freqs=factors)
+    events = []
+    gen = offspec.load(str(path), "none", budget=4, progress=events.append, **LOAD)
+    assert "rope" in gen.info.extra["verified"]
+    assert json.loads((converted_dir(gguf_key(path)) / MANIFEST).read_text())["weights"] == "ggml"
+    assert any("not verified against a reference" in e.message and "rope" in e.message for e in events)

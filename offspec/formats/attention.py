@@ -60,7 +60,8 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if (getattr(_state, "on", False) and ext is not None and query.device.type == "cpu"
             and query.dtype == torch.float32 and attention_mask is not None and query.shape[0] == 1):
-        return ext.attend(query, key, value, _visible(attention_mask), float(scale), float(softcap)), None  # (1, Q, H, D)
+        out = ext.attend(query, key, value, _visible(attention_mask), float(scale), float(softcap))  # (1, Q, H, D)
+        return out, None
     if softcap:  # SDPA cannot soft-cap its logits
         return capped_attention(query, key, value, attention_mask, float(scale), float(softcap)), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,

@@ -11,7 +11,9 @@ made for) reads the file. `complete_config` sets them from the GGUF's own metada
   the file has no sliding window;
 - phi3: a partial rotary embedding (`rope.dimension_count` below the head dimension), and no sliding window
   (llama.cpp leaves Phi-3's window off);
-- mistral (which llama.cpp writes as a llama file): no sliding window, as llama.cpp runs it.
+- mistral (which llama.cpp writes as a llama file): no sliding window, as llama.cpp runs it;
+- llama 3.1+: the rope frequency factors the file holds as a tensor (`rope_freqs.weight`), as transformers' "llama3"
+  rope parameters that reproduce them (llama.cpp's converter computes them from those parameters).
 
 `FAMILIES` names the families by transformers model type; `VERIFIED` are those whose conversion the test suite
 checks against transformers' own model of the same file (tests/test_families.py). A GGUF of another architecture
@@ -21,6 +23,8 @@ that transformers reads converts too, and says on its load line that it is not v
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
+
+import numpy as np
 
 # transformers model type -> family name
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
@@ -46,9 +50,10 @@ def gguf_fields(reader: Any) -> dict[str, Any]:
     return out
 
 
-def complete_config(config: Any, fields: Mapping[str, Any]) -> list[str]:
+def complete_config(config: Any, fields: Mapping[str, Any], rope_freqs: Optional[np.ndarray] = None) -> list[str]:
     """Set the values of `config` (transformers' config of a GGUF) that transformers does not read from its
-    metadata `fields` (`gguf_fields`); returns "name=value" for each value changed."""
+    metadata `fields` (`gguf_fields`) and its `rope_freqs.weight` tensor (float32, or None); returns "name=value"
+    for each value changed, or a sentence for what it cannot reproduce."""
     arch = str(fields.get("general.architecture", ""))
     changed: list[str] = []
 
@@ -95,7 +100,47 @@ def complete_config(config: Any, fields: Mapping[str, Any]) -> list[str]:
         put("sliding_window", None)
     if model_type == "mistral":
         put("sliding_window", None)
+    if rope_freqs is not None:
+        changed.append(_llama3_rope(config, np.asarray(rope_freqs, dtype=np.float64)))
+    if model_type == "phi3" and fields.get("offspec.rope_factors"):  # Phi-3 128k, Phi-3.5, Phi-4-mini
+        unverified(config, "its longrope frequency factors (rope_factors_long/short) are not applied")
     return changed
+
+
+UNVERIFIED = "offspec_unverified"  # a config attribute (saved with it): why its conversion is not verified
+
+
+def unverified(config: Any, reason: str) -> str:
+    """Mark `config` as not verified against a reference, for `reason` (its load line says so); returns it."""
+    setattr(config, UNVERIFIED, reason)
+    return reason
+
+
+def llama3_factors(base: float, dim: int, factor: float, low: float, high: float, context: int) -> np.ndarray:
+    """The per-frequency rope divisors of llama3 rope parameters, as llama.cpp's converter writes them."""
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    wavelen = 2 * np.pi / freqs
+    smooth = (context / wavelen - low) / (high - low)
+    return np.where(wavelen < context / high, 1.0,
+                    np.where(wavelen > context / low, factor, 1 / ((1 - smooth) / factor + smooth)))
+
+
+def _llama3_rope(config: Any, rope_freqs: np.ndarray) -> str:
+    """Set llama3 rope parameters reproducing `rope_freqs` (llama.cpp's converter writes them from the model's
+    factor, low/high frequency factors and original context: Llama 3.1-3.3 use 1, 4 and 8192)."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    factor = float(rope_freqs.max())
+    for low, high, context in ((1.0, 4.0, 8192), (1.0, 4.0, 4096), (1.0, 2.0, 8192)):
+        if len(rope_freqs) == dim // 2 and np.allclose(llama3_factors(base, dim, factor, low, high, context),
+                                                       rope_freqs, rtol=1e-5, atol=0):
+            rope.update(rope_type="llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
+                        original_max_position_embeddings=context, rope_theta=base)
+            config.rope_parameters = rope
+            return f"llama3 rope (factor {factor:g}, original context {context})"
+    return unverified(config, "its rope frequency factors (rope_freqs) match no llama3 rope parameters offspec "
+                              "knows, and are not applied")
 
 
 def _gemma3_local_layers(config: Any, window: Any, pattern: Any, put: Any) -> None:

@@ -119,7 +119,9 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         hf_name = name_map.get(t.name)
         if hf_name is None:
             if t.name.endswith("rope_freqs.weight"):
-                continue  # llama3 rope factors: transformers rebuilds them from the config
+                continue  # llama3 rope factors: the config's rope parameters reproduce them (gguf_config.py)
+            if t.name.startswith("rope_factors_"):
+                continue  # phi3's longrope factors: not applied, and its load line says so (gguf_config.py)
             raise ImportUnsupported(f"GGUF tensor {t.name} has no transformers counterpart")
         found.add(hf_name)
         kind = _module_kind(model, hf_name)

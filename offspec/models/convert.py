@@ -30,6 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from offspec.errors import OffspecError
 from offspec.formats.gguf_config import complete_config, gguf_fields
 from offspec.formats.gguf_import import ImportUnsupported, plan_import, processor_for, tensors_of
@@ -101,7 +103,11 @@ def gguf_config(gguf: Path, progress: ProgressFn = no_progress, name: str = "") 
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    changed = complete_config(config, gguf_fields(gguf_py.GGUFReader(str(gguf))))
+    reader = gguf_py.GGUFReader(str(gguf))
+    freqs = next((np.array(t.data, dtype=np.float32) for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    fields = gguf_fields(reader)
+    fields["offspec.rope_factors"] = any(t.name.startswith("rope_factors_") for t in reader.tensors)
+    changed = complete_config(config, fields, freqs)
     if changed:
         progress(ProgressEvent("convert", f"{name or gguf.name}: from the GGUF's metadata, as llama.cpp reads it: "
                                           f"{', '.join(changed)}"))

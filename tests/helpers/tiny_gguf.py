@@ -114,14 +114,15 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
                    heads: int = 4, kv_heads: int = 2, inter: int = 512, types: dict | None = None,
                    noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0,
                    head_dim: int | None = None, window: int = 8, rotary: int | None = None,
-                   softcap: tuple[float, float] = (50.0, 30.0)) -> Path:
+                   softcap: tuple[float, float] = (50.0, 30.0), rope_freqs: np.ndarray | None = None) -> Path:
     """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
     to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
     sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
     tokens (another tokenizer). `head_dim` (default hidden / heads): written where the family reads it (qwen3,
     gemma); `window`: the sliding window of gemma's local layers (small, so short prompts reach past it);
     `rotary`: phi3's rotary dims per head (default: half the head, a partial rotary); `softcap`: gemma2's
-    attention and final logit soft-capping."""
+    attention and final logit soft-capping; `rope_freqs`: llama 3.1's rope frequency factors, as a tensor (phi3: its
+    longrope factors, as both the long and the short set)."""
     import gguf
 
     if arch not in FAMILIES:
@@ -217,6 +218,10 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
                 add(p + n + ".weight", blocks(n, inter, hidden, types["linear"]), types["linear"], hidden)
         add(p + "ffn_down.weight", blocks("down", hidden, inter, types["down"]), types["down"], inter)
     floats("output_norm.weight", hidden)
+    if rope_freqs is not None:
+        name = "rope_freqs.weight" if arch != "phi3" else None  # phi3's longrope: a long and a short set
+        for n in ([name] if name else ["rope_factors_long.weight", "rope_factors_short.weight"]):
+            w.add_tensor(n, np.asarray(rope_freqs, dtype=np.float32))
     if not tied:
         add("output.weight", blocks("output", v, hidden, types["output"], logit_scale), types["output"], hidden)
     w.write_header_to_file()
