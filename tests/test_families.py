@@ -290,3 +290,16 @@ def test_rope_factors_offspec_cannot_reproduce_convert_and_say_so_on_the_load_li
     assert "rope" in gen.info.extra["verified"]
     assert json.loads((converted_dir(gguf_key(path)) / MANIFEST).read_text())["weights"] == "ggml"
     assert any("not verified against a reference" in e.message and "rope" in e.message for e in events)
+
+
+def test_raw_sends_the_prompt_as_it_is_as_completions_do(cache, ggufs):
+    from offspec.cli.main import _parser
+
+    gen = offspec.load(str(ggufs["qwen2"]), "none", budget=4, **LOAD)
+    raw = gen.generate("Hello", raw=True, max_new_tokens=4, speculate=False)
+    chat = gen.generate("Hello", max_new_tokens=4, speculate=False)
+    assert raw.prompt_tokens == len(gen.tokenize("Hello")) < chat.prompt_tokens  # no chat template around it
+    assert gen.generate(gen.tokenize("Hello"), max_new_tokens=4, speculate=False).token_ids == raw.token_ids
+    with pytest.raises(OffspecError, match="raw=True takes a text prompt"):
+        gen.generate([{"role": "user", "content": "Hello"}], raw=True, max_new_tokens=4)
+    assert _parser().parse_args(["generate", "--raw", "Hello"]).raw

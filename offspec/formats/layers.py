@@ -44,7 +44,6 @@ VARIABLE = "OFFSPEC_LAYERS"
 FAMILY_LAYERS = {"LlamaDecoderLayer": "llama", "MistralDecoderLayer": "mistral", "Qwen2DecoderLayer": "qwen2",
                  "Qwen3DecoderLayer": "qwen3", "Gemma2DecoderLayer": "gemma2", "Gemma3DecoderLayer": "gemma3",
                  "Phi3DecoderLayer": "phi3"}
-SUPPORTED = tuple(FAMILY_LAYERS)
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # layer.h's Activation
 # where each projection lives in a layer, in layer.h's order (q, k, v, o, gate, up, down); phi3 fuses q|k|v and
 # gate|up into one projection each (None: fused into the one before it)
