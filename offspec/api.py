@@ -8,6 +8,7 @@ from typing import Any, Optional
 import torch
 
 from offspec.formats.cpu_linear import speed_up_cpu_linears
+from offspec.formats.gguf_config import UNVERIFIED, VERIFIED, family_of
 from offspec.models.loading import check_same_tokenizer, load_pair, load_target
 from offspec.offload.config import OffloadConfig, checked_offload_dir, read_options
 from offspec.offload.prefill import chunk_planner
@@ -44,6 +45,27 @@ def _eos_ids(model, tokenizer) -> set[int]:
     vocab = tokenizer.get_vocab()
     ids.update(vocab[t] for t in ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>") if t in vocab)
     return ids
+
+
+def _family(config: Any) -> tuple[str, Any]:
+    """(family or architecture, True where offspec's conversion of it is verified against a reference, else why
+    not)."""
+    family = family_of(config)
+    if family is None:
+        return (str(getattr(config, "model_type", "unknown")),
+                f"offspec verifies {', '.join(sorted(VERIFIED))} and not this architecture")
+    return family, getattr(config, UNVERIFIED, None) or family in VERIFIED
+
+
+def load_line(name: str, extra: dict) -> str:
+    """What the user sees of how the target runs: its family, its layers (compiled, or transformers' and why), and
+    a warning where its conversion is not verified against a reference."""
+    layers = ("compiled CPU layer" if extra["layers"] == "compiled"
+              else f"transformers' layers ({extra['layers']})")
+    line = f"{name}: {extra['family']} family, {layers}"
+    if extra["verified"] is not True:
+        line += f"; not verified against a reference ({extra['verified']}): check its output"
+    return line
 
 
 @dataclass(frozen=True)
@@ -113,7 +135,7 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     plan = check_options(target, draft, **options)
     loaded = _load_models(plan, progress)
     plan = _fitted_limits(plan, loaded.target, progress)
-    generator = _build_generator(plan, loaded)
+    generator = _build_generator(plan, loaded, progress)
     _warm_up(generator, plan, loaded, progress)
     if plan.auto_budget:
         _plan_budget(generator, plan, loaded, progress)
@@ -163,7 +185,7 @@ def _fitted_limits(plan: LoadPlan, target: LoadedModel, progress: ProgressFn) ->
     return replace(plan, load=replace(load_cfg, offload=fitted))
 
 
-def _build_generator(plan: LoadPlan, loaded: _Loaded) -> Generator:
+def _build_generator(plan: LoadPlan, loaded: _Loaded, progress: ProgressFn) -> Generator:
     """Build the engine: a runner per model (caches sized by the limits), the drafter, the engine and the
     `Generator` with its ModelInfo."""
     t, d, device, load_cfg = loaded.target, loaded.draft, plan.device, plan.load
@@ -197,6 +219,8 @@ def _build_generator(plan: LoadPlan, loaded: _Loaded) -> Generator:
                             "drafter": tree_cfg.drafter})
     # how each decoder layer runs: one compiled call (offspec.formats.layers), or transformers' modules and why
     info.extra["layers"] = target_runner.layers_unsupported or "compiled"
+    info.extra["family"], info.extra["verified"] = _family(t.model.config)
+    progress(ProgressEvent("load", load_line(t.name, info.extra), 1, 1, finished=True))
     if draft_runner is not None and draft_runner.vocab_ids is not None:  # the draft's reduced LM head
         info.extra["draft_vocab"] = int(draft_runner.vocab_ids.numel())
     if mapping is not None:

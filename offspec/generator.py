@@ -41,14 +41,20 @@ class Generator:
 
     # --- text <-> tokens -------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
-        """Raw text -> token ids, without the chat template (a plain completion prompt)."""
+        """Raw text -> token ids, without the chat template (a plain completion prompt: `raw=True`, `offspec
+        generate --raw`, /v1/completions), with the special tokens the tokenizer adds to any text (a BOS), as
+        llama.cpp tokenizes a prompt."""
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """A string is sent as one user message through the chat template (when the tokenizer has one);
-        a sequence of token ids is used as it is."""
+    def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
+        """A string is sent as one user message through the chat template (when the tokenizer has one), or as it
+        is with `raw` (`tokenize`); a sequence of token ids is used as it is."""
         if isinstance(prompt, (list, tuple)) and not prompt:
             raise OffspecError("the prompt is empty; give at least one message or token")
+        if raw and isinstance(prompt, str):
+            return self.tokenize(prompt)
+        if raw and not _is_token_ids(prompt):
+            raise OffspecError("raw=True takes a text prompt (or token ids), not chat messages")
         if _is_token_ids(prompt):
             vocab = len(self.tokenizer)
             if not all(0 <= t < vocab for t in prompt):
@@ -90,9 +96,11 @@ class Generator:
     def stream(self, prompt: Prompt, *, max_new_tokens: Optional[int] = None, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, budget: Optional[int] = None, seed: Optional[int] = None,
                speculate: Optional[bool] = None, stop: Sequence[str] = (),
-               cancel: Optional[threading.Event] = None, drafter: Optional[str] = None) -> Iterator[StreamEvent]:
+               cancel: Optional[threading.Event] = None, drafter: Optional[str] = None,
+               raw: bool = False) -> Iterator[StreamEvent]:
         """Yield TextDeltas, then the GenerationResult. `budget`, `drafter` (model, suffix or hybrid): this
-        call's tree instead of the generator's own (and its `budget="auto"` planning)."""
+        call's tree instead of the generator's own (and its `budget="auto"` planning). `raw`: a text prompt is
+        tokenized as it is, without the chat template (`encode`)."""
         sampling, gen = generation_configs(dict(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
             max_new_tokens=self.generation.max_new_tokens if max_new_tokens is None else max_new_tokens,
@@ -106,7 +114,7 @@ class Generator:
         self.engine.drafter.check_mode(tree.drafter)  # e.g. "model" without a draft model: one clear error
         if tree.budget > self.engine.max_budget:
             raise budget_room_error(tree.budget, self.engine.max_budget)
-        prompt_ids = self.encode(prompt)
+        prompt_ids = self.encode(prompt, raw)
         if not self._lock.acquire(blocking=False):
             raise OffspecError("a generation is already running on this generator; wait for it or cancel it")
         try:

@@ -135,7 +135,8 @@ class GeneratorLike(Protocol):
 
     def stream(self, prompt: Prompt, *, max_new_tokens: int = ..., temperature: float = ..., top_p: float = ...,
                top_k: int = ..., budget: Optional[int] = ..., seed: Optional[int] = ..., speculate: bool = ...,
-               stop: Sequence[str] = ..., cancel=None, drafter: Optional[str] = ...) -> Iterator[StreamEvent]: ...
+               stop: Sequence[str] = ..., cancel=None, drafter: Optional[str] = ...,
+               raw: bool = ...) -> Iterator[StreamEvent]: ...
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult: ...
 

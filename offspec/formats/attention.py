@@ -9,9 +9,13 @@ the 8-bit activation blocks of the low-bit kernels would turn such last-bit diff
 
 `install(model)` makes the model's attention go through `attention_forward`; it runs exactly while the
 `exact()` context is active (the runner enables it for target-alone steps and tree passes) and is otherwise
-transformers' SDPA (prompt prefill, which both decoding modes share, and the draft). Where it cannot run
-(CUDA, dtypes other than float32, no compiled kernels, attention softcapping), SDPA runs instead:
-`exact_available(model)` says which.
+transformers' SDPA (the draft's long passes), or plain attention where the model soft-caps its attention logits
+(gemma2: SDPA cannot). Where it cannot run (CUDA, dtypes other than float32, no compiled kernels), SDPA runs
+instead: `exact_available(model)` says which.
+
+Sliding windows (mistral, qwen2/3 with use_sliding_window, gemma2/3's local layers) are in the mask: the runner
+builds each layer type's mask with its window (offspec.spec.runner), as transformers' own masks have it, so the
+`sliding_window` argument adds nothing here.
 """
 
 from __future__ import annotations
@@ -52,13 +56,31 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     ext = kernels.compiled()
+    softcap = kwargs.get("softcap") or 0.0
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if (getattr(_state, "on", False) and ext is not None and query.device.type == "cpu"
-            and query.dtype == torch.float32 and attention_mask is not None and query.shape[0] == 1
-            and not kwargs.get("softcap") and kwargs.get("sliding_window") is None):
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return ext.attend(query, key, value, _visible(attention_mask), float(scale)), None  # (1, Q, H, D)
+            and query.dtype == torch.float32 and attention_mask is not None and query.shape[0] == 1):
+        out = ext.attend(query, key, value, _visible(attention_mask), float(scale), float(softcap))  # (1, Q, H, D)
+        return out, None
+    if softcap:  # SDPA cannot soft-cap its logits
+        return capped_attention(query, key, value, attention_mask, float(scale), float(softcap)), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                   **kwargs)
+
+
+def capped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
+                     scale: float, softcap: float) -> torch.Tensor:
+    """Attention with soft-capped logits, as transformers' eager gemma2 attention computes it: query (B, H, Q, D),
+    key and value (B, Hkv, L, D), mask (B, 1, Q, L) additive or bool; returns (B, Q, H, D)."""
+    group = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)  # (B, H, L, D)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale  # (B, H, Q, L)
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        mask = mask[:, :, :, : key.shape[-2]]
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Q, H, D)
 
 
 def install(model: Any) -> None:
@@ -85,9 +107,30 @@ def exact_available(model: Any, device: torch.device, dtype: torch.dtype) -> Opt
         return "exact attention runs on a CPU only"
     if dtype != torch.float32:
         return f"exact attention runs in float32, not {str(dtype).removeprefix('torch.')}"
-    if getattr(model.config, "attn_logit_softcapping", None) or getattr(model.config, "sliding_window", None) \
-            and getattr(model.config, "use_sliding_window", False):
-        return "this architecture's attention (softcapping or a sliding window) has no exact kernel"
     if kernels.compiled() is None:
         return f"the CPU kernels are unavailable ({kernels.kernel_status()})"
     return None
+
+
+def layer_windows(config: Any) -> list[Optional[int]]:
+    """Each decoder layer's sliding window in positions (a key is visible to a query less than that many positions
+    back), or None where the layer attends to everything: gemma2/3's local layers and qwen2/3's sliding layers (their
+    `layer_types`), every layer of a model with one window for all (mistral's `sliding_window`), else none."""
+    window = getattr(config, "sliding_window", None) or None
+    types = getattr(config, "layer_types", None)
+    if types:
+        return [window if t == "sliding_attention" else None for t in types[: config.num_hidden_layers]]
+    if window is not None and not getattr(config, "use_sliding_window", True):
+        window = None  # an older qwen2 config: the window is there, off
+    return [window] * config.num_hidden_layers
+
+
+def windowed(visible: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor,
+             window: Optional[int]) -> torch.Tensor:
+    """visible (q, kv_len) bool, less the keys `window` or more positions behind each query (as transformers'
+    sliding-window masks and llama.cpp's SWA: visible while query position - key position < window).
+    positions (q,), key_positions (kv_len,) long."""
+    if window is None:
+        return visible
+    return visible & (positions[:, None] - key_positions[None, :] < window)  # (q, kv_len)
+

@@ -104,7 +104,9 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         raise ImportUnsupported(f"{arch} GGUF tensors need transformers' {processor_cls.__name__}")
     model = _skeleton(config)
     processor = processor_cls(config=config.to_dict())
-    name_map = hf_gguf.get_gguf_hf_weights_map(model, processor)
+    # a GGUF transformers reads as Mistral is a llama file (gguf-py has no mistral tensor table)
+    model_type = "llama" if config.model_type == "mistral" else None
+    name_map = hf_gguf.get_gguf_hf_weights_map(model, processor, model_type=model_type)
     layers_list = getattr(model.get_decoder(), "layers", None)
     if not isinstance(layers_list, nn.ModuleList):
         raise ImportUnsupported(f"{config.model_type} has no decoder `layers` list")
@@ -118,7 +120,9 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         hf_name = name_map.get(t.name)
         if hf_name is None:
             if t.name.endswith("rope_freqs.weight"):
-                continue  # llama3 rope factors: transformers rebuilds them from the config
+                continue  # llama3 rope factors: the config's rope parameters reproduce them (gguf_config.py)
+            if t.name.startswith("rope_factors_"):
+                continue  # phi3's longrope factors: not applied, and its load line says so (gguf_config.py)
             raise ImportUnsupported(f"GGUF tensor {t.name} has no transformers counterpart")
         found.add(hf_name)
         kind = _module_kind(model, hf_name)

@@ -1,13 +1,19 @@
-"""Whole decoder layers in one compiled call on a CPU, for llama-family models with low-bit weights.
+"""Whole decoder layers in one compiled call on a CPU, for the families whose weights are low-bit blocks.
 
 A transformers decoder layer dispatches about 150 torch operations and 14 module calls: 0.4-0.7 ms of Python per
 layer on a CPU, whatever the weights. For the 0.5B draft (24 layers) that is a third of a draft step, for the 1.5B
 target a sixth of a one-token pass. `install(model)` gives every layer of a supported model a forward that runs
 the whole layer in `csrc/layer.h` (what transformers' layer computes, up to a norm's last bit: RMSNorm, the
-projections on qgemm, the rotary embedding, the cache write, exact attention, the SiLU-gated MLP), within
-`active(visible)`, which the runner enters around its own passes. Anything else (another caller, a cache that is not
-the runner's, a pass outside the context) runs transformers' forward, so hooks and tests on the modules still see
-every call they saw before.
+projections on qgemm, q/k norms, the rotary embedding, the cache write, exact attention, sandwich norms, the gated
+MLP), within `active(visible)`, which the runner enters around its own passes. Anything else (another caller, a
+cache that is not the runner's, a pass outside the context) runs transformers' forward, so hooks and tests on the
+modules still see every call they saw before.
+
+Families (`FAMILY_LAYERS`): llama (Llama, SmolLM2), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), gemma2
+(tanh-GELU, sandwich norms with a (1 + w) scale, attention logit soft-capping, local and global layers), gemma3
+(gemma2's, with q/k norms instead of soft-capping, and a rope per layer type) and phi3 (fused q|k|v and gate|up
+projections, partial rotary). A layer's sliding window is in the mask it is given (the runner builds one per
+window, `active`).
 
 Exactness: each row's result depends on that row alone (the row-invariant kernels, exact attention per query), so
 a tree pass and a one-token pass compute the same bits, as the exact attention of `attention.py` does for the rest
@@ -22,7 +28,7 @@ import os
 import threading
 import types
 from contextlib import contextmanager
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional, Union
 
 import torch
 from torch import nn
@@ -30,52 +36,122 @@ from torch import nn
 from offspec.errors import OffspecError
 
 from . import kernels
+from .attention import layer_windows
 from .modules import QLinear
 
 VARIABLE = "OFFSPEC_LAYERS"
-SUPPORTED = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj")
+# the decoder layer classes the compiled layer computes, by family
+FAMILY_LAYERS = {"LlamaDecoderLayer": "llama", "MistralDecoderLayer": "mistral", "Qwen2DecoderLayer": "qwen2",
+                 "Qwen3DecoderLayer": "qwen3", "Gemma2DecoderLayer": "gemma2", "Gemma3DecoderLayer": "gemma3",
+                 "Phi3DecoderLayer": "phi3"}
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # layer.h's Activation
+# where each projection lives in a layer, in layer.h's order (q, k, v, o, gate, up, down); phi3 fuses q|k|v and
+# gate|up into one projection each (None: fused into the one before it)
+SEPARATE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+            "mlp.up_proj", "mlp.down_proj")
+
+
+def projection_paths(layer: nn.Module) -> tuple:
+    """The paths of `layer`'s 7 projections in layer.h's order, None where fused into the one before it."""
+    attn = ("self_attn.qkv_proj", None, None) if _has(layer, "self_attn.qkv_proj") else SEPARATE[:3]
+    mlp = ("mlp.gate_up_proj", None) if _has(layer, "mlp.gate_up_proj") else SEPARATE[4:6]
+    return (*attn, SEPARATE[3], *mlp, SEPARATE[6])
+
 
 _state = threading.local()
 
 
 @contextmanager
-def active(visible: Optional[torch.Tensor]) -> Iterator[None]:
+def active(visible: Union[None, torch.Tensor, dict]) -> Iterator[None]:
     """Within this context (in this thread), installed layers run compiled, attending as `visible` (q, kv_len) bool
-    allows (the runner's pass); None: transformers' forward."""
+    allows (the runner's pass), or as `visible[w]` for a layer whose sliding window is w ({window: (q, kv_len)}, None
+    the key of the layers without one); None: transformers' forward."""
     previous = getattr(_state, "visible", None)
-    _state.visible = visible
+    _state.visible = {None: visible} if isinstance(visible, torch.Tensor) else visible
     try:
         yield
     finally:
         _state.visible = previous
 
 
+class _Parts(NamedTuple):
+    projections: tuple  # q, k, v, o, gate, up, down: QLinear modules (None where fused into the one before); their
+    types: tuple  # weights are read at each call (streaming binds them for the pass); their ggml types
+    biased: tuple  # q, k and v (the fused qkv, None, None), whose biases the layer adds
+    norms: tuple  # input, post-attention, pre-MLP, post-MLP, q, k: RMSNorm modules or None (layer.h's order)
+    eps: float
+    offset: float  # 1.0 for gemma's (1 + w) norms
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scaling: float
+    softcap: float  # attention logits (0: none)
+    activation: int
+    window: Optional[int]  # the layer's sliding window (which of the runner's masks it takes)
+    layer_idx: int
+
+
+def _norm_eps(norm: nn.Module) -> Optional[float]:
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return float(eps) if eps is not None and hasattr(norm, "weight") and type(norm).__name__.endswith("RMSNorm") \
+        else None
+
+
+def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[_Parts, str]:
+    """What the compiled layer needs of `layer`, or why it cannot compute it."""
+    name = type(layer).__name__
+    if name not in FAMILY_LAYERS:
+        families = ", ".join(sorted(set(FAMILY_LAYERS.values())))
+        return f"{name} is not a layer the compiled CPU layer computes (it computes {families})"
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        return f"the {act} activation"
+    projections = []
+    for i, path in enumerate(projection_paths(layer)):
+        module = None if path is None else layer.get_submodule(path)
+        if module is not None and not isinstance(module, QLinear):
+            return f"{path} holds {type(module).__name__} weights, not ggml blocks"
+        if module is not None and module.bias is not None and i >= 3:
+            return f"{path} has a bias"
+        projections.append(module)
+    attn = layer.self_attn
+    if projections[1] is None and projections[0].bias is not None:
+        return "the fused qkv projection has a bias"
+    sandwich = hasattr(layer, "pre_feedforward_layernorm")
+    norms = ((layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+              layer.post_feedforward_layernorm) if sandwich else
+             (layer.input_layernorm, None, layer.post_attention_layernorm, None))
+    norms += (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+    present = [n for n in norms if n is not None]
+    eps = {_norm_eps(n) for n in present}
+    if None in eps or len(eps) != 1:
+        return "the layer's norms are not RMSNorms of one epsilon"
+    offsets = {1.0 if type(n).__name__.startswith("Gemma") else 0.0 for n in present}
+    if len(offsets) != 1:
+        return "the layer mixes gemma and llama norms"
+    head_dim = int(getattr(attn, "head_dim", 0) or config.hidden_size // config.num_attention_heads)
+    return _Parts(tuple(projections), tuple(p.type_id if p is not None else -1 for p in projections),
+                  tuple(projections[:3]), norms, eps.pop(), offsets.pop(), config.num_attention_heads,
+                  config.num_key_value_heads, head_dim, float(attn.scaling),
+                  float(getattr(attn, "attn_logit_softcapping", None) or 0.0), ACTIVATIONS[act], window,
+                  attn.layer_idx)
+
+
+def _has(layer: nn.Module, path: str) -> bool:
+    owner, _, attr = path.rpartition(".")
+    return hasattr(layer.get_submodule(owner), attr)
+
+
 def unsupported(model: nn.Module) -> Optional[str]:
     """None when every decoder layer of `model` can run compiled, else why not (then transformers' layers run)."""
-    config = model.config
-    # Mistral applies its window whenever it has one; Qwen2 only with use_sliding_window
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "a sliding window"
-    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "hidden_act", "silu") != "silu":
-        return f"attention softcapping or the {getattr(config, 'hidden_act', '?')} activation"
     layers = getattr(model.get_decoder(), "layers", None)
     if not layers:
         return "no decoder layers"
-    for layer in layers:
-        if type(layer).__name__ not in SUPPORTED:
-            return f"{type(layer).__name__} is not a llama-family layer"
-        for name in PROJECTIONS:
-            module = layer.get_submodule(name)
-            if not isinstance(module, QLinear):
-                return f"{name} holds {type(module).__name__} weights, not ggml blocks"
-            if name.rsplit(".", 1)[1] not in ("q_proj", "k_proj", "v_proj") and module.bias is not None:
-                return f"{name} has a bias"
-        norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        if not all(hasattr(n, "variance_epsilon") and hasattr(n, "weight") for n in norms) \
-                or norms[0].variance_epsilon != norms[1].variance_epsilon:
-            return "the layer's norms are not two RMSNorms of one epsilon"
+    windows = layer_windows(model.config)
+    for layer, window in zip(layers, windows):
+        parts = layer_parts(layer, model.config, window)
+        if isinstance(parts, str):
+            return parts
     if kernels.compiled() is None:
         return f"the CPU kernels are unavailable ({kernels.kernel_status()})"
     return None
@@ -93,30 +169,17 @@ def install(model: nn.Module, device: torch.device, dtype: torch.dtype) -> Optio
         return "compiled layers run on a CPU in float32"
     reason = unsupported(model)
     if reason is None:
-        config = model.config
-        for layer in model.get_decoder().layers:
+        for layer, window in zip(model.get_decoder().layers, layer_windows(model.config)):
             if not hasattr(layer, "_offspec_hf_forward"):
-                attn = layer.self_attn
                 # looked up once: a transformers config attribute costs microseconds, and a pass reads 28 layers
-                layer._offspec_parts = _Parts(
-                    tuple(layer.get_submodule(name) for name in PROJECTIONS), (attn.q_proj, attn.k_proj, attn.v_proj),
-                    (layer.input_layernorm, layer.post_attention_layernorm),
-                    float(layer.input_layernorm.variance_epsilon),
-                    config.num_attention_heads, config.num_key_value_heads, float(attn.scaling), attn.layer_idx)
+                layer._offspec_parts = layer_parts(layer, model.config, window)
                 layer._offspec_hf_forward = layer.forward
                 layer.forward = types.MethodType(_forward, layer)
     return reason
 
 
-class _Parts(NamedTuple):
-    projections: tuple  # the 7 QLinear modules, PROJECTIONS' order (their weights are read at each call: streaming
-    biased: tuple  # binds them for the pass); q, k and v, whose biases the layer adds
-    norms: tuple  # input_layernorm, post_attention_layernorm
-    eps: float
-    heads: int
-    kv_heads: int
-    scaling: float
-    layer_idx: int
+def _weight(module: Optional[nn.Module], attr: str) -> Optional[torch.Tensor]:
+    return None if module is None else getattr(module, attr)
 
 
 def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -127,11 +190,12 @@ def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs
             or hidden_states.dim() != 3 or hidden_states.shape[0] != 1 or hidden_states.dtype != torch.float32):
         return layer._offspec_hf_forward(hidden_states, *args, **kwargs)
     parts: _Parts = layer._offspec_parts
-    cos, sin = position_embeddings  # (1, q, head_dim) each
-    k_cache, v_cache = cache.buffers(parts.layer_idx, hidden_states, parts.kv_heads, cos.shape[-1])
+    cos, sin = position_embeddings  # (1, q, rotary dims) each
+    k_cache, v_cache = cache.buffers(parts.layer_idx, hidden_states, parts.kv_heads, parts.head_dim)
     out = kernels.compiled().decoder_layer(
-        hidden_states[0].contiguous(), [p.qweight for p in parts.projections], [p.type_id for p in parts.projections],
-        [p.bias for p in parts.biased], parts.norms[0].weight, parts.norms[1].weight, parts.eps,
-        cos[0].float().contiguous(), sin[0].float().contiguous(), k_cache, v_cache, cache.write_slots, cache.kv_len,
-        visible, parts.heads, parts.kv_heads, parts.scaling)  # (q, hidden)
+        hidden_states[0].contiguous(), [_weight(p, "qweight") for p in parts.projections], list(parts.types),
+        [_weight(p, "bias") for p in parts.biased], [_weight(n, "weight") for n in parts.norms], parts.eps,
+        parts.offset, cos[0].float().contiguous(), sin[0].float().contiguous(), k_cache, v_cache, cache.write_slots,
+        cache.kv_len, visible[parts.window], parts.heads, parts.kv_heads, parts.head_dim, parts.scaling,
+        parts.softcap, parts.activation)  # (q, hidden)
     return out[None]

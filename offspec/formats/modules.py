@@ -40,13 +40,20 @@ class QEmbedding(nn.Module):
 
     The table may live on the host (e.g. memory-mapped from its file) while the model computes on a GPU: the
     rows are gathered where the table is and moved to `device`.
+
+    `scale`: the factor the replaced embedding multiplies its rows by (Gemma's scaled embeddings: sqrt(hidden)),
+    applied as transformers does, in the compute dtype; None: none.
     """
 
     def __init__(self, type_id: int, num_embeddings: int, embedding_dim: int, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, scale: Optional[float] = None):
         super().__init__()
         self.type_id, self.num_embeddings, self.embedding_dim = type_id, num_embeddings, embedding_dim
         self.compute_dtype, self.compute_device = dtype, torch.device(device)
+        self.scale = scale
+        # the scale as a tensor where the rows are made, once (no host copy per call): () compute dtype
+        self._scale = None if scale is None else \
+            torch.tensor(scale, dtype=torch.float32).to(device=self.compute_device, dtype=dtype)
         row_bytes = KERNEL_TYPES[type_id].row_bytes(embedding_dim)
         self.register_buffer("qweight", torch.empty((num_embeddings, row_bytes), dtype=torch.uint8, device="meta"))
 
@@ -56,10 +63,14 @@ class QEmbedding(nn.Module):
         if self.compute_device.type == "cuda":  # the blocks cross the link (fewer bytes), decoded on the GPU
             raw = raw.to(self.compute_device)
         rows = kernels.dequantize_rows(raw, self.type_id, self.embedding_dim)  # (n, dim) float32
-        return rows.to(device=self.compute_device, dtype=self.compute_dtype).reshape(*ids.shape, self.embedding_dim)
+        rows = rows.to(device=self.compute_device, dtype=self.compute_dtype)
+        if self.scale is not None:  # as Gemma's ScaledWordEmbedding: a float32 scalar cast to the rows' dtype
+            rows = rows * self._scale
+        return rows.reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{KERNEL_TYPES[self.type_id].name}, {self.num_embeddings}, {self.embedding_dim}"
+        scale = "" if self.scale is None else f", scale={self.scale:g}"
+        return f"{KERNEL_TYPES[self.type_id].name}, {self.num_embeddings}, {self.embedding_dim}{scale}"
 
 
 def replace_linear(root: nn.Module, name: str, type_id: int, device: torch.device) -> QLinear:
@@ -82,7 +93,10 @@ def replace_embedding(root: nn.Module, name: str, type_id: int, dtype: torch.dty
     old = getattr(parent, child)
     if not isinstance(old, nn.Embedding):
         raise TypeError(f"{name} is a {type(old).__name__}, not an Embedding")
-    new = QEmbedding(type_id, old.num_embeddings, old.embedding_dim, dtype, device)
+    # Gemma's embeddings scale their rows (`scalar_embed_scale`, sqrt(hidden)): kept, or the model reads garbage
+    scale = getattr(old, "scalar_embed_scale", None)
+    new = QEmbedding(type_id, old.num_embeddings, old.embedding_dim, dtype, device,
+                     None if scale is None else float(scale))
     setattr(parent, child, new)
     return new
 

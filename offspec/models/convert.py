@@ -27,9 +27,12 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
+
+import numpy as np
 
 from offspec.errors import OffspecError
+from offspec.formats.gguf_config import complete_config, gguf_fields
 from offspec.formats.gguf_import import ImportUnsupported, plan_import, processor_for, tensors_of
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.store.entry import (FORMAT_VERSION, WEIGHTS_DIR, converted_dir, entry_files, store_key,
@@ -68,13 +71,13 @@ def _remove_old_format(dest: Path, progress: ProgressFn) -> None:
 
 def _build_store(gguf: Path, tmp: Path, key: str, name: str, progress: ProgressFn) -> dict:
     """Tokenizer, config and the ggml weight store of `gguf` into `tmp`; returns manifest fields."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
 
     with quiet_transformers():
         progress(ProgressEvent("convert", f"reading the tokenizer and config of {name}"))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        config = gguf_config(gguf, progress, name)
         plan = plan_import(gguf, config)  # ImportUnsupported: the caller converts to float instead
         tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
@@ -91,7 +94,24 @@ def _build_store(gguf: Path, tmp: Path, key: str, name: str, progress: ProgressF
         progress(ProgressEvent("convert", f"{name}: {note}"))
     build_store(tmp / WEIGHTS_DIR, store_key(key), layers, lambda i: tensors_of(plan.layers[i], processor), progress,
                 "convert", f"importing {name} ({types}, kept as they are)", extras)
-    return {"weights": "ggml", "types": plan.types, "notes": plan.notes}
+    return {"weights": "ggml", "types": plan.types, "notes": plan.notes, "architecture": plan.architecture}
+
+
+def gguf_config(gguf: Path, progress: ProgressFn = no_progress, name: str = "") -> Any:
+    """transformers' config of `gguf`, completed with what transformers does not read from it (gguf_config.py)."""
+    import gguf as gguf_py
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    reader = gguf_py.GGUFReader(str(gguf))
+    freqs = next((np.array(t.data, dtype=np.float32) for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    fields = gguf_fields(reader)
+    fields["offspec.rope_factors"] = any(t.name.startswith("rope_factors_") for t in reader.tensors)
+    changed = complete_config(config, fields, freqs)
+    if changed:
+        progress(ProgressEvent("convert", f"{name or gguf.name}: from the GGUF's metadata, as llama.cpp reads it: "
+                                          f"{', '.join(changed)}"))
+    return config
 
 
 def _build_float(gguf: Path, tmp: Path, name: str, reason: str, progress: ProgressFn) -> dict:
@@ -106,6 +126,7 @@ def _build_float(gguf: Path, tmp: Path, name: str, reason: str, progress: Progre
         del tokenizer
         progress(ProgressEvent("convert", f"de-quantizing {name} to float32"))
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                     config=gguf_config(gguf, progress, name),
                                                      quantization_config=GgufConfig(dequantize=True))
         if getattr(model, "hf_quantizer", None) is not None:
             model.hf_quantizer = None

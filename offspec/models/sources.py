@@ -28,6 +28,7 @@ from offspec.store import entry
 from offspec.util.hf import hub_cache_dir, hub_offline, quiet_transformers
 
 from . import convert, default_pair
+from .gguf_check import check_gguf
 
 ROLES = ("target", "draft")
 EXPECTED = ("a Hugging Face model directory (with config.json), a .gguf file, a hub id like org/name, "
@@ -77,7 +78,10 @@ def _check_gguf_file(path: Path, role: str) -> None:
 
 def _locate_gguf(path: Path, role: str, *, name: str, kind: str, source: str) -> ResolvedModel:
     _check_gguf_file(path, role)
-    return ResolvedModel(name=name, path=path, kind=kind, gguf=path, key=entry.gguf_key(path), source=source)
+    key = entry.gguf_key(path)
+    if not entry.converted_dir(key).is_dir():  # converted before: its architecture and types were read then
+        check_gguf(path, role)  # an architecture or a type no code path reads: one line, nothing written
+    return ResolvedModel(name=name, path=path, kind=kind, gguf=path, key=key, source=source)
 
 
 def _locate_default(role: str, progress: ProgressFn) -> ResolvedModel:

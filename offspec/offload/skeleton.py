@@ -56,7 +56,13 @@ def _empty_model(path: Path, dtype: torch.dtype, attn_implementation: str) -> An
         with quiet_transformers():
             config = AutoConfig.from_pretrained(str(path))
             with init_empty_weights():  # parameters on meta; buffers (rotary tables) real, on the CPU
-                model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+                try:
+                    model = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                             attn_implementation=attn_implementation)
+                except ValueError as exc:  # gemma2 has no SDPA (it soft-caps its logits): the runner's attention
+                    if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                        raise  # (offspec.formats.attention) replaces it either way
+                    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise OffspecError(f"cannot build model {path.name} for offloading: {reason}") from exc

@@ -41,14 +41,22 @@ class SlotKVCache(Cache):
         self.length = 0  # committed tokens held in slots [0, length)
         self.write_slots: Optional[torch.Tensor] = None  # (q,) long: where the next forward writes
         self.kv_len = 0  # keys/values returned to attention cover slots [0, kv_len)
+        # (capacity,) long: the position of the token each slot holds (slot i = position i for committed tokens;
+        # tree nodes and a draft's scratch slots hold others). Sliding windows are over positions, not slots.
+        self.positions = torch.arange(capacity)
 
     # --- driven by the engine -------------------------------------------------------------------
-    def prepare(self, write_slots: torch.Tensor, kv_len: int) -> None:
-        """Set where the next forward's q tokens are written and how many slots attention sees."""
+    def prepare(self, write_slots: torch.Tensor, kv_len: int, positions: Optional[torch.Tensor] = None) -> None:
+        """Set where the next forward's q tokens are written and how many slots attention sees; `positions` (q,):
+        the positions of those tokens (recorded per slot, for sliding windows)."""
         if kv_len > self.capacity:
             raise RuntimeError(f"KV cache overflow: {kv_len} slots needed, {self.capacity} allocated")
         self.write_slots = write_slots
         self.kv_len = kv_len
+        if positions is not None:
+            if self.positions.device != write_slots.device:
+                self.positions = self.positions.to(write_slots.device)
+            self.positions.index_copy_(0, write_slots, positions)
 
     def keep(self, src_slots: torch.Tensor, new_length: int) -> None:
         """Prune: copy `src_slots` (k,) to slots [new_length - k, new_length) and commit up to new_length.
@@ -63,6 +71,8 @@ class SlotKVCache(Cache):
                 for buf in self.keys + self.values:
                     if buf is not None:
                         buf.index_copy_(2, dst, buf.index_select(2, src_slots))
+                self.positions = self.positions.to(src_slots.device)
+                self.positions.index_copy_(0, dst, self.positions.index_select(0, src_slots))
         self.length = new_length
 
     def truncate(self, length: int) -> None:

@@ -15,6 +15,7 @@ import torch
 from offspec.formats import kernels
 from offspec.formats.attention import exact as exact_attention
 from offspec.formats.attention import install as install_attention
+from offspec.formats.attention import layer_windows, windowed
 from offspec.formats.gpu.choice import cuda_kernels
 from offspec.formats.layers import active as compiled_layers
 from offspec.formats.layers import install as install_layers
@@ -66,6 +67,12 @@ class ModelRunner:
             self.gpu_layers = gpu_layer if self.gpu_layers_unsupported is None else None
         self.capacity = capacity
         self.cache = SlotKVCache(model.config.num_hidden_layers, capacity)
+        # sliding windows (None: a layer sees every visible key); a model whose layers differ (gemma2/3, qwen with
+        # sliding layers) takes one mask per layer type (transformers' `layer_types`), the others one for all
+        self.windows = layer_windows(model.config)
+        self._layer_types = getattr(model.config, "layer_types", None) if len(set(self.windows)) > 1 else None
+        # gemma2's final logit soft-capping, which transformers applies in the LM's forward (not in its head)
+        self.logit_softcap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
         # transformers >= 5.2x names the cache argument `cache` (warning on `past_key_values`); earlier 5.x do not
         self._cache_arg = "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
         self._min = torch.finfo(self.dtype).min
@@ -93,22 +100,32 @@ class ModelRunner:
         the committed slots [0, length) (the callers' invariant; offspec's CUDA layers take them as a shared prefix).
         """
         q, kv_len = visible.shape
-        self.cache.prepare(slots, kv_len)
+        self.cache.prepare(slots, kv_len, positions)
         if self.gpu_layers is not None:  # the CUDA layers read the pass's TailKeys, never a dense mask
-            keys = self.gpu_layers.TailKeys.of(visible, min(self.cache.length, kv_len))
-            with self.gpu_layers.active(keys):
+            tail = self.gpu_layers.TailKeys.of(visible, min(self.cache.length, kv_len))
+            with self.gpu_layers.active(tail):
                 out = self.body(input_ids=tokens[None], position_ids=positions[None],
                                 attention_mask=visible[None, None], use_cache=True, **{self._cache_arg: self.cache})
             return out.last_hidden_state[0]
-        # (1, 1, q, kv_len) additive mask in the model's dtype: 0 where visible, dtype-min elsewhere
-        mask = torch.zeros((1, 1, q, kv_len), dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible[None, None], self._min)
+        # each window's visible keys: {window: (q, kv_len) bool}, None the whole `visible`
+        keys = self.cache.positions[:kv_len]
+        visibles = {w: windowed(visible, positions, keys, w) for w in set(self.windows)}
+        masks = {w: self._additive(v) for w, v in visibles.items()}  # (1, 1, q, kv_len) each
+        if self._layer_types is None:
+            mask = masks[self.windows[0]]
+        else:  # one per layer type, as transformers' own masks for these models are given
+            mask = {t: masks[w] for t, w in zip(self._layer_types, self.windows)}
         # a target's passes all run one path (exact attention either way); a draft's long passes run transformers'
         compiled = self.layers_unsupported is None and (self.exact or q <= COMPILED_MAX_TOKENS)
-        with exact_attention(self.exact), compiled_layers(visible if compiled else None):
+        with exact_attention(self.exact), compiled_layers(visibles if compiled else None):
             out = self.body(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
                             use_cache=True, **{self._cache_arg: self.cache})
         return out.last_hidden_state[0]
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """(1, 1, q, kv_len) additive mask in the model's dtype: 0 where visible, dtype-min elsewhere."""
+        mask = torch.zeros((1, 1, *visible.shape), dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible[None, None], self._min)
 
     @functools.cached_property
     def head_is_row_invariant(self) -> bool:
@@ -125,7 +142,10 @@ class ModelRunner:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., hidden) -> (..., vocab) logits; with a reduced head (`vocab_ids` set: a draft), (..., n) logits of
         the tokens `vocab_ids` (map an index i back with `token_ids`)."""
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        if self.logit_softcap:  # tanh(logits / cap) * cap, as gemma2's forward does (each value from itself alone)
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
     @property
     def vocab_ids(self) -> Optional[torch.Tensor]:

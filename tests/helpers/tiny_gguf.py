@@ -1,8 +1,13 @@
-"""Tiny random GGUF models (qwen2, llama) written with the gguf package, for the low-bit tests.
+"""Tiny random GGUF models of every family offspec runs, written with the gguf package, for the low-bit tests.
 
-`save_tiny_gguf(path, types=...)` writes a GGUF whose linear weights are random normal(0, 0.2) values (as in
+`save_tiny_gguf(path, arch, types=...)` writes a GGUF whose linear weights are random normal(0, 0.2) values (as in
 tests/helpers/tiny.py) encoded as ggml blocks of the given types, norms and biases F32, the byte tokenizer of
-tests/helpers/tiny.py as a "gpt2" tokenizer, and a chat template. transformers reads it like any GGUF, and
+tests/helpers/tiny.py as a "gpt2" tokenizer, and a chat template. `arch` is a family (`FAMILIES`), laid out as
+llama.cpp writes it: llama (and mistral: a llama file named Mistral, as llama.cpp converts Mistral; transformers
+reads it as llama too);
+qwen2 (q/k/v biases); qwen3 (per-head q/k norms); gemma2 (sandwich norms, soft-capping, local and global layers, the
+LM head tied to the token table); gemma3 (q/k norms, local layers with their own rope base); phi3 (fused q|k|v and
+gate|up tensors, a partial rotary embedding). transformers reads it like any GGUF, and
 `gguf.dequantize` gives the float weights it stands for. `noise` perturbs the weights of the model `seed` gives:
 a draft that mostly agrees with it. `random_blocks` makes arbitrary valid blocks of any type (kernel tests; the
 lattice IQ types, which have no encoder here, are written as random blocks); `save_shape_twin` writes a GGUF with a big
@@ -228,20 +233,36 @@ def save_shape_twin(path: Path, layers: int = 2, hidden: int = 8192, inter: int 
     return Path(path)
 
 
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+GGUF_ARCH = {"mistral": "llama"}  # llama.cpp writes Mistral as llama (transformers tells them apart by the name)
+
+
 def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int = 256, layers: int = 2,
                    heads: int = 4, kv_heads: int = 2, inter: int = 512, types: dict | None = None,
-                   noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0) -> Path:
+                   noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0,
+                   head_dim: int | None = None, window: int = 8, rotary: int | None = None,
+                   softcap: tuple[float, float] = (50.0, 30.0), rope_freqs: np.ndarray | None = None) -> Path:
     """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
     to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
     sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
-    tokens (another tokenizer)."""
+    tokens (another tokenizer). `head_dim` (default hidden / heads): written where the family reads it (qwen3,
+    gemma); `window`: the sliding window of gemma's local layers (small, so short prompts reach past it);
+    `rotary`: phi3's rotary dims per head (default: half the head, a partial rotary); `softcap`: gemma2's
+    attention and final logit soft-capping; `rope_freqs`: llama 3.1's rope frequency factors, as a tensor (phi3: its
+    longrope factors, as both the long and the short set)."""
     import gguf
 
+    if arch not in FAMILIES:
+        raise ValueError(f"unknown tiny family {arch!r}; one of {FAMILIES}")
     types = {"linear": "Q4_K", "down": "Q6_K", "v": "Q6_K", "embed": "Q4_K", "output": "Q6_K", **(types or {})}
     from .tiny import BASE_VOCAB
 
+    gemma = arch.startswith("gemma")
+    tied = tied or arch == "gemma2"  # llama.cpp's gemma2 has no output tensor
+    head_dim = head_dim or hidden // heads
     tok = make_tokenizer(BASE_VOCAB + vocab_extra)
     vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(10_000 + seed)
 
@@ -253,7 +274,38 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
             values = values + noise * noise_rng.standard_normal(values.shape).astype(np.float32)
         return encode(values, type_name)
 
-    w = _writer(path, arch, f"tiny-{arch}-{seed}", hidden, layers, heads, kv_heads, inter, vocab)
+    w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(arch, arch))
+    w.add_name(f"Mistral-tiny-{seed}" if arch == "mistral" else f"tiny-{arch}-{seed}")  # as Mistral's files are named
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1_000_000.0 if arch == "gemma3" else 10000.0)
+    if arch in ("qwen3", "gemma2", "gemma3"):
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if gemma:
+        w.add_sliding_window(window)
+    if arch == "gemma3":  # every other layer global (the real ones: every 6th), so two layers hold both kinds
+        w.add_sliding_window_pattern(2)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(softcap[0])
+        w.add_final_logit_softcapping(softcap[1])
+    if arch == "phi3":
+        w.add_rope_dimension_count(rotary or head_dim // 2)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives none from a byte vocabulary
+    w.add_bos_token_id(vocab["<s>"])
+    w.add_eos_token_id(vocab["</s>"])
+    w.add_pad_token_id(vocab["<pad>"])
+    w.add_chat_template(CHAT_TEMPLATE)
 
     def add(name: str, raw: np.ndarray, type_name: str, cols: int) -> None:
         qt = gguf.GGMLQuantizationType[type_name]
@@ -263,21 +315,38 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
         w.add_tensor(name, (mean + 0.05 * rng.standard_normal(n)).astype(np.float32))
 
     v = len(vocab)
-    head_dim = hidden // heads
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
     add("token_embd.weight", blocks("embed", v, hidden, types["embed"]), types["embed"], hidden)
     for i in range(layers):
         p = f"blk.{i}."
-        floats(p + "attn_norm.weight", hidden)
+        floats(p + "attn_norm.weight", hidden)  # gemma's norms are stored as 1 + w, as llama.cpp writes them
         floats(p + "ffn_norm.weight", hidden)
-        for n, rows, t in (("attn_q", hidden, "linear"), ("attn_k", kv_heads * head_dim, "linear"),
-                           ("attn_v", kv_heads * head_dim, "v"), ("attn_output", hidden, "linear")):
-            add(p + n + ".weight", blocks(n, rows, hidden, types[t]), types[t], hidden)
-            if arch == "qwen2" and n != "attn_output":
-                floats(p + n + ".bias", rows, mean=0.0)
-        for n in ("ffn_gate", "ffn_up"):
-            add(p + n + ".weight", blocks(n, inter, hidden, types["linear"]), types["linear"], hidden)
+        if gemma:
+            floats(p + "post_attention_norm.weight", hidden)
+            floats(p + "post_ffw_norm.weight", hidden)
+        if arch in ("qwen3", "gemma3"):
+            floats(p + "attn_q_norm.weight", head_dim)
+            floats(p + "attn_k_norm.weight", head_dim)
+        if arch == "phi3":  # q|k|v and gate|up, fused
+            rows = q_rows + 2 * kv_rows
+            add(p + "attn_qkv.weight", blocks("attn_qkv", rows, hidden, types["linear"]), types["linear"], hidden)
+        else:
+            for n, rows, t in (("attn_q", q_rows, "linear"), ("attn_k", kv_rows, "linear"), ("attn_v", kv_rows, "v")):
+                add(p + n + ".weight", blocks(n, rows, hidden, types[t]), types[t], hidden)
+                if arch == "qwen2":
+                    floats(p + n + ".bias", rows, mean=0.0)
+        add(p + "attn_output.weight", blocks("attn_output", hidden, q_rows, types["linear"]), types["linear"], q_rows)
+        if arch == "phi3":
+            add(p + "ffn_up.weight", blocks("ffn_up", 2 * inter, hidden, types["linear"]), types["linear"], hidden)
+        else:
+            for n in ("ffn_gate", "ffn_up"):
+                add(p + n + ".weight", blocks(n, inter, hidden, types["linear"]), types["linear"], hidden)
         add(p + "ffn_down.weight", blocks("down", hidden, inter, types["down"]), types["down"], inter)
     floats("output_norm.weight", hidden)
+    if rope_freqs is not None:
+        name = "rope_freqs.weight" if arch != "phi3" else None  # phi3's longrope: a long and a short set
+        for n in ([name] if name else ["rope_factors_long.weight", "rope_factors_short.weight"]):
+            w.add_tensor(n, np.asarray(rope_freqs, dtype=np.float32))
     if not tied:
         add("output.weight", blocks("output", v, hidden, types["output"], logit_scale), types["output"], hidden)
     w.write_header_to_file()

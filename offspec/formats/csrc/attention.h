@@ -14,11 +14,13 @@
 
 namespace offspec {
 
-// out (Q, H, D) = softmax(scale q k^T over visible keys) v, per query row and head.
+// out (Q, H, D) = softmax(cap(scale q k^T) over visible keys) v, per query row and head; cap(s) = tanh(s / softcap)
+// * softcap where softcap > 0 (gemma2's attention logit soft-capping), else s.
 // q (H, Q, D) contiguous; k, v (Hkv, L, D) with row stride D and head stride `kv_head_stride` (a slice of a
 // pre-allocated cache); visible (Q, L) bool.
 inline void attend(const float* q, const float* k, const float* v, const bool* visible, float* out, int64_t H,
-                   int64_t Hkv, int64_t Q, int64_t L, int64_t D, int64_t kv_head_stride, float scale) {
+                   int64_t Hkv, int64_t Q, int64_t L, int64_t D, int64_t kv_head_stride, float scale,
+                   float softcap = 0.0f) {
   const int64_t group = H / Hkv;
   at::parallel_for(0, H * Q, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> score(L);  // scores of the visible keys, in slot order
@@ -34,7 +36,8 @@ inline void attend(const float* q, const float* k, const float* v, const bool* v
       float top = -INFINITY;
       for (int64_t j = 0; j < L; j++) {
         if (!vis[j]) continue;
-        const float s = dot_f32(qi, kh + j * D, D) * scale;
+        float s = dot_f32(qi, kh + j * D, D) * scale;
+        if (softcap > 0.0f) s = std::tanh(s / softcap) * softcap;
         score[n] = s;
         slot[n++] = j;
         top = s > top ? s : top;

@@ -3,8 +3,8 @@
 //
 //   qgemm(x, w, type, K)   y (M, N) = x (M, K) @ W^T, W given as N rows of blocks
 //   dequantize(w, type, K)  the exact float32 values of rows of blocks (gguf's reference arithmetic)
-//   attend(q, k, v, visible, scale)  attention per query over its visible keys only (attention.h)
-//   decoder_layer(...)      a whole llama-family decoder layer in one call (layer.h)
+//   attend(q, k, v, visible, scale, softcap)  attention per query over its visible keys only (attention.h)
+//   decoder_layer(...)      a whole decoder layer in one call: llama, qwen2/3, gemma2/3, phi3 (layer.h)
 //
 // Row invariance: y[m, n] depends only on x[m] and W[n] (see ggml_dot.h), never on M or the thread split, so
 // a one-token pass and a tree pass give bitwise identical rows.
@@ -96,7 +96,7 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   return y;
 }
 
-#include "layer.h"  // decoder_layer: one llama-family layer per call, on qgemm
+#include "layer.h"  // decoder_layer: one decoder layer per call (llama, qwen, gemma, phi3 families), on qgemm
 
 torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
   check_weight(w, type, K);
@@ -112,7 +112,8 @@ torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
 
 // q (1, H, Q, D), k and v (1, Hkv, L, D) slices of a cache (last dim contiguous), visible (Q, L) bool
 // -> (1, Q, H, D) float32, the layout transformers' attention functions return.
-torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor visible, double scale) {
+torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor visible, double scale,
+                           double softcap) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
               v.scalar_type() == torch::kFloat32, "offspec: exact attention runs in float32");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(0) == 1, "offspec: one sequence at a time");
@@ -124,7 +125,7 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   TORCH_CHECK(visible.size(0) == Q && visible.size(1) == L && H % Hkv == 0, "offspec: attention shapes disagree");
   auto out = torch::empty({1, Q, H, D}, q.options());  // (1, Q, H, D) float32
   attend(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), visible.data_ptr<bool>(),
-         out.data_ptr<float>(), H, Hkv, Q, L, D, k.stride(1), (float)scale);
+         out.data_ptr<float>(), H, Hkv, Q, L, D, k.stride(1), (float)scale, (float)softcap);
   return out;
 }
 
@@ -156,8 +157,9 @@ std::string isa() {  // the instruction set the kernels were built for (and use:
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qgemm", &qgemm, "y = x @ W^T with W in ggml blocks (row invariant)");
   m.def("dequantize", &dequantize, "exact float32 rows of ggml blocks");
-  m.def("attend", &attend_exact, "attention per query over its visible keys only (row invariant)");
-  m.def("decoder_layer", &decoder_layer, "one llama-family decoder layer (layer.h)");
+  m.def("attend", &attend_exact, "attention per query over its visible keys only, logits soft-capped where softcap > 0 "
+        "(row invariant)");
+  m.def("decoder_layer", &decoder_layer, "one decoder layer: llama, qwen2/3, gemma2/3, phi3 (layer.h)");
   m.def("isa", &isa, "the instruction set the kernels were built for");
   m.def("set_grid", &set_grid, "the lattice grid of an IQ type, (entries, 8 or 4) int8 (once, at load)");
   m.def("set_amx", &set_amx, "switch the AMX tiles off or on (the same results); returns whether they were on");

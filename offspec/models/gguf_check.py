@@ -1,0 +1,71 @@
+"""A GGUF file's architecture and tensor types, checked before anything is converted or written to the cache.
+
+An architecture no code path runs, or a tensor of a type no code path reads, is one `error:` line naming it, said
+before the conversion starts (which would otherwise fail minutes in, or, for a type, only where the tensor is
+reached). Architectures: the families offspec runs (offspec.formats.gguf_config.FAMILIES; llama.cpp writes
+Mistral as llama), and the others transformers reads from a GGUF (converted too, said on the load line as not
+verified). Types: those the kernels compute with, and those gguf can decode exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from offspec.errors import OffspecError
+from offspec.formats.ggml import has_kernel
+from offspec.formats.gguf_config import FAMILIES
+
+from .convert import failure_reason
+
+# the GGUF architecture names of offspec's families (transformers' model type "gemma3_text" is gguf's "gemma3")
+FAMILY_ARCHS = frozenset(a for a in FAMILIES if a != "gemma3_text") - {"mistral"}
+
+
+def _readable(type_id: int) -> bool:
+    """Can a weight of ggml type `type_id` be read: a kernel computes with it, or gguf decodes it exactly."""
+    import gguf
+
+    if has_kernel(type_id):
+        return True
+    qt = gguf.GGMLQuantizationType(type_id)
+    block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+    try:
+        gguf.dequantize(np.zeros(nbytes, dtype=np.uint8), qt)  # one block of zeros
+    except (NotImplementedError, KeyError, ValueError, TypeError):
+        return False
+    return True
+
+
+def check_gguf(path: Path, role: str) -> str:
+    """Return the GGUF architecture of `path`, or raise OffspecError (one line) where offspec cannot run it."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except ValueError as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if "GGMLQuantizationType" in text:  # a type id this gguf package does not know
+            raise OffspecError(f"{role} model {path.name} holds tensors of a ggml type offspec cannot read ({text}); "
+                               f"use a GGUF of a common type (Q4_K_M, Q5_K_M, Q8_0, ...)") from exc
+        raise OffspecError(f"cannot read {role} model {path}: {failure_reason(exc)}") from exc
+    except Exception as exc:
+        raise OffspecError(f"cannot read {role} model {path}: {failure_reason(exc)}") from exc
+    field = reader.fields.get("general.architecture")
+    arch = str(field.contents()) if field is not None else ""
+    if arch not in FAMILY_ARCHS and arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise OffspecError(f"{role} model {path.name} has the architecture {arch or '(none)'!r}, which offspec cannot "
+                           f"run; it runs {', '.join(sorted(FAMILY_ARCHS | {'mistral'}))} GGUFs")
+    seen: set[int] = set()
+    for tensor in reader.tensors:
+        type_id = int(tensor.tensor_type)
+        if type_id in seen:
+            continue
+        seen.add(type_id)
+        if not _readable(type_id):
+            raise OffspecError(f"{role} model {path.name} holds {tensor.name} as {tensor.tensor_type.name}, a ggml "
+                               f"type no offspec code path can read; use a GGUF of a common type (Q4_K_M, Q5_K_M, "
+                               f"Q8_0, ...)")
+    return arch
