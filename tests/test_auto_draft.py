@@ -73,6 +73,7 @@ def test_the_smallest_cached_model_with_the_targets_tokenizer_is_chosen(models, 
                                                            "tokenizer of small-0123456789ab")
 
 
+@pytest.mark.slow
 def test_a_target_without_a_draft_loads_with_the_chosen_one(models, cache):
     make_entry(cache, "small-0123456789ab", models["small"], f"file {models['small']}/small.gguf")
     events = []

@@ -109,7 +109,8 @@ def test_the_compiled_layer_computes_the_familys_layer(cache, ggufs, family):
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.8
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f if f in ("llama", "gemma3") else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in FAMILIES])  # the quick lane: llama and the family whose bug this found
 def test_greedy_is_the_same_resident_streamed_and_speculative(cache, ggufs, family, tmp_path):
     target, draft = str(ggufs[family + "-deep"]), str(ggufs[family + "-draft"])
     resident = offspec.load(target, draft, **LOAD)

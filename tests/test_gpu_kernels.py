@@ -65,7 +65,8 @@ def test_every_type_is_batch_invariant_in_bfloat16():
 
 
 @needs_triton
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_group_of_weights_of_two_types_is_one_linear_and_torch_decoded_types_keep_its_bits(dtype):
     r = interpret("group", dtype)
     assert r["rel_err"] < (1e-6 if dtype == "float32" else 5e-3), r

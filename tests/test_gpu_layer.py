@@ -38,7 +38,8 @@ def test_the_layer_in_bfloat16_is_as_close_to_float32_as_transformers_is():
 
 
 @needs_triton
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_tree_node_equals_the_token_decoded_alone_bit_for_bit(dtype):
     r = interpret("invariance", dtype)
     assert r["finite"] and r["chunked_prefill"], r

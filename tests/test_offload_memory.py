@@ -73,6 +73,7 @@ def big_pair(tmp_path_factory):
     return root / "target", root / "draft"
 
 
+@pytest.mark.slow
 def test_peak_resident_memory_stays_under_the_device_budget(big_pair, tmp_path):
     target, draft = big_pair
     weights = sum(f.stat().st_size for f in target.glob("*.safetensors"))

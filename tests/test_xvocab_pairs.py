@@ -69,6 +69,7 @@ def test_speculative_greedy_equals_the_target_alone(xdirs, draft):
     assert proposed > 0  # real trees were verified
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_target_distribution(twin_pair):
     """Chi-square test of the first two sampled tokens against the target's exact distribution (as
     tests/test_engine.py's), the trees proposed by the twin through the mapping."""
@@ -131,6 +132,7 @@ def test_auto_budget_plans_for_the_mapped_draft_and_keys_its_profile(xdirs):
     assert gen.generate("Hello the cat", max_new_tokens=24).token_ids == plain.token_ids
 
 
+@pytest.mark.slow
 def test_offspec_profile_measures_the_mapped_pair(xdirs, tmp_path, monkeypatch):
     """`offspec profile` times the draft on its own tokens and measures the mapped draft's acceptance curves, in a
     profile of its own that `--budget auto` then uses."""
