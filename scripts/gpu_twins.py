@@ -25,7 +25,7 @@ from helpers.tiny_gguf import HALF_FIELDS, SCALE  # noqa: E402
 
 from offspec.formats.ggml import ggml_type  # noqa: E402
 from offspec.formats.gpu.attention import TailKeys  # noqa: E402
-from offspec.formats.gpu.choice import PROJECTIONS  # noqa: E402
+from offspec.formats.gpu.support import PROJECTIONS  # noqa: E402
 from offspec.formats.gpu.layer import Parts, decoder_layer  # noqa: E402
 from offspec.formats.gpu.linear import linear  # noqa: E402
 from offspec.formats.gpu.norm import add_rms_norm  # noqa: E402

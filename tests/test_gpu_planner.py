@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from offspec.formats.gpu import choice
 from offspec.offload import estimates
 from offspec.offload.estimates import activation_bytes, compute_budget, draft_headroom, matmul_params, target_headroom
 from offspec.profile.curves import AcceptanceCurve, CostCurve
@@ -113,14 +112,16 @@ def test_cuda_layers_say_why_they_do_not_run(monkeypatch):
     from helpers.tiny import tiny_config
     from transformers import LlamaForCausalLM
 
+    from offspec.formats.gpu import support
+
     model = LlamaForCausalLM(tiny_config("llama"))
     cuda = torch.device("cuda", 0)
-    assert "run on CUDA" in choice.cuda_layers(model, torch.device("cpu"), torch.float32)
-    monkeypatch.setattr(choice, "cuda_kernels", lambda: "triton")
-    assert "holds Linear weights" in choice.cuda_layers(model, cuda, torch.bfloat16)
-    assert "float64" in choice.cuda_layers(model, cuda, torch.float64)
-    monkeypatch.setenv(choice.LAYERS_VARIABLE, "transformers")
-    assert choice.cuda_layers(model, cuda, torch.bfloat16) == "OFFSPEC_LAYERS=transformers"
-    monkeypatch.delenv(choice.LAYERS_VARIABLE)
-    monkeypatch.setattr(choice, "cuda_kernels", lambda: "torch")
-    assert "need the Triton kernels" in choice.cuda_layers(model, cuda, torch.bfloat16)
+    assert "run on CUDA" in support.cuda_layers(model, torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(support, "cuda_kernels", lambda: "triton")
+    assert "holds Linear weights" in support.cuda_layers(model, cuda, torch.bfloat16)
+    assert "float64" in support.cuda_layers(model, cuda, torch.float64)
+    monkeypatch.setenv(support.LAYERS_VARIABLE, "transformers")
+    assert support.cuda_layers(model, cuda, torch.bfloat16) == "OFFSPEC_LAYERS=transformers"
+    monkeypatch.delenv(support.LAYERS_VARIABLE)
+    monkeypatch.setattr(support, "cuda_kernels", lambda: "torch")
+    assert "need the Triton kernels" in support.cuda_layers(model, cuda, torch.bfloat16)

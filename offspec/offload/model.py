@@ -28,7 +28,8 @@ from torch import nn
 from offspec.errors import OffspecError
 from offspec.formats import kernels
 from offspec.formats.gpu.choice import WORKSPACE_BYTES as GPU_WORKSPACE_BYTES
-from offspec.formats.gpu.choice import cuda_kernels, cuda_layers
+from offspec.formats.gpu.choice import cuda_kernels
+from offspec.formats.gpu.support import cuda_layers
 from offspec.formats.modules import QEmbedding, QLinear, weight_format_summary
 from offspec.formats.quantize import quantize_rows
 from offspec.progress import ProgressEvent, ProgressFn, no_progress

@@ -258,7 +258,7 @@ def check_model(arch: str, device: Optional[torch.device] = None) -> dict:
     device check patched) against the same body with float weights and transformers' eager layers, called as the
     runner calls it: a prefill pass, then a tree pass; relative error of the final hidden states (float32)."""
     from offspec.formats.ggml import ggml_type
-    from offspec.formats.gpu import choice
+    from offspec.formats.gpu import support
     from offspec.formats.gpu import layer as gpu_layer
     from offspec.formats.gpu.attention import TailKeys
     from offspec.formats.gpu.linear import decode
@@ -288,8 +288,8 @@ def check_model(arch: str, device: Optional[torch.device] = None) -> dict:
                 if linear.bias is not None:
                     linear.bias.normal_(0.0, 0.5)
                     q.bias.copy_(linear.bias)
-    forced = choice.cuda_layers
-    gpu_layer.cuda_layers = lambda model, dev, dtype: choice.unsupported(model)  # the CPU stands in for CUDA
+    forced = gpu_layer.cuda_layers
+    gpu_layer.cuda_layers = lambda model, dev, dtype: support.unsupported(model)  # the CPU stands in for CUDA
     try:
         reason = gpu_layer.install(ours, device, torch.float32)
     finally:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import TailKeys, attend
-from .choice import PROJECTIONS, cuda_layers
+from .support import PROJECTIONS, cuda_layers
 from .linear import linear
 from .norm import add_rms_norm, rope_kv
 
