@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from offspec import OffspecError
-from offspec.cli.bench import parse_setups, run_bench
+from offspec.cli.bench import bench_max_budget, parse_setups, run_bench
 from offspec.config import TreeConfig
 from offspec.util.prompts import read_prompts
 
@@ -58,6 +58,14 @@ def test_drafter_setups_are_named_by_their_drafter():
         parse_setups("magic:8", TreeConfig())
     with pytest.raises(OffspecError, match="unknown set-up"):
         parse_setups("suffix:0", TreeConfig())
+
+
+def test_auto_plans_up_to_the_load_default_and_fixed_budgets_reserve_only_their_largest():
+    base = TreeConfig()
+    assert bench_max_budget(parse_setups("ar,auto", base), 64) is None  # offspec.load's default, as chat has it
+    assert bench_max_budget(parse_setups("ar,16,model:auto", base), 64) is None
+    assert bench_max_budget(parse_setups("ar,16,suffix:256,chain8", base), 64) == 256
+    assert bench_max_budget(parse_setups("ar,16", base), 64) == 64  # the generator's own default tree fits
 
 
 def test_the_code_editing_prompt_set_ships_twenty_prompts_with_their_code():

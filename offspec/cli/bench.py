@@ -44,6 +44,17 @@ class Setup:
     drafter: Optional[str] = None  # "auto" of another drafter than the generator's (its own plan)
 
 
+def bench_max_budget(setups: list[Setup], default_budget: int) -> Optional[int]:
+    """The largest tree the bench's generator needs room for, or None (the load default) where a set-up is `auto`:
+    auto plans as `offspec chat` does, up to the same max_budget, so it finds the profile `offspec profile` wrote
+    for these flags (a profile is keyed by the placement, which max_budget changes) and may pick the trees chat
+    would. Fixed budgets only: the largest of them (and the default tree's), so no activations are reserved for
+    trees never built."""
+    if any(s.kind == "tree" and s.tree is None for s in setups):
+        return None
+    return max([s.tree.budget for s in setups if s.tree is not None] + [default_budget])
+
+
 def parse_setups(spec: str, base: TreeConfig) -> list[Setup]:
     setups = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:

@@ -110,7 +110,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import offspec
     from offspec.util.prompts import read_prompts
 
-    from .bench import markdown_table, parse_setups, run_bench
+    from .bench import bench_max_budget, markdown_table, parse_setups, run_bench
 
     if args.n <= 0:
         raise OffspecError(f"--n must be a positive number of prompts, got {args.n}")
@@ -118,8 +118,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts, args.n)
     setups = parse_setups(args.budgets, TreeConfig())
     options = load_options(args)
-    budgets = [s.tree.budget for s in setups if s.tree is not None] + [_TREE.budget]
-    options.setdefault("max_budget", max(budgets))
+    if (largest := bench_max_budget(setups, _TREE.budget)) is not None:
+        options.setdefault("max_budget", largest)
     with TqdmProgress() as progress:
         generator = offspec.load(progress=progress, **options)
         state = {"done": 0, "total": len(prompts) * len(setups)}
