@@ -44,6 +44,7 @@ def _check_linear(results, types, tolerance):
         assert all(r["same"].values()), r  # every row, every M, both paths: the bits of the M = 1024 rows
 
 
+@pytest.mark.slow  # 15 s under the interpreter; the quick lane runs the kernels through the layer (test_gpu_layer)
 @needs_triton
 def test_rows_are_bit_identical_at_every_row_count_and_path():
     types = ("Q4_K",)  # the usual type (units of 256, 2 splits here); every type: the slow tests below

@@ -48,7 +48,7 @@ def twin_pair(xdirs):
     return offspec.load(str(xdirs["target"]), str(xdirs["twin"]), **LOAD)
 
 
-@pytest.mark.parametrize("draft", ["unrelated", "twin"])
+@pytest.mark.parametrize("draft", ["unrelated", pytest.param("twin", marks=pytest.mark.slow)])  # quick lane: one
 def test_speculative_greedy_equals_the_target_alone(xdirs, draft):
     events = []
     gen = offspec.load(str(xdirs["target"]), str(xdirs[draft]), progress=events.append, **LOAD)
