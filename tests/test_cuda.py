@@ -9,18 +9,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers.cuda import GPU, cuda_marks
 
 import offspec
 from offspec import OffspecError
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU: torch.cuda.is_available() is False here (torch "
-                              f"{torch.__version__}); run `python -m pytest -m cuda` on a machine with one"),
-]
-
-GPU = torch.device("cuda", 0) if torch.cuda.is_available() else None
+pytestmark = cuda_marks()
 
 
 def _dtype():

@@ -8,21 +8,13 @@ bfloat16 (the CUDA default) and float32.
 Skipped, with the reason shown, where there is no CUDA GPU or no Triton.
 """
 
-import importlib.util
 
 import numpy as np
 import pytest
 import torch
+from helpers.cuda import GPU, cuda_marks
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU: torch.cuda.is_available() is False here (torch "
-                              f"{torch.__version__}); run `python -m pytest -m cuda` on a machine with one"),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)"),
-]
-
-GPU = torch.device("cuda", 0) if torch.cuda.is_available() else None
+pytestmark = cuda_marks(triton=True)
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS")
 MS = (1, 3, 16, 17, 64, 1024)

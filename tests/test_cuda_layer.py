@@ -9,24 +9,16 @@
 Skipped, with the reason shown, where there is no CUDA GPU or no Triton.
 """
 
-import importlib.util
 import re
 
 import pytest
 import torch
+from helpers.cuda import GPU, cuda_marks
 
 import offspec
 from offspec import OffspecError
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU: torch.cuda.is_available() is False here (torch "
-                              f"{torch.__version__}); run `python -m pytest -m cuda` on a machine with one"),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (pip install triton)"),
-]
-
-GPU = torch.device("cuda", 0) if torch.cuda.is_available() else None
+pytestmark = cuda_marks(triton=True)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

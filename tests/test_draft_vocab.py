@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers.sampling import MESSAGES, chi_square, exact_two_token_distribution
 from helpers.tiny import make_tokenizer
 from helpers.tiny_gguf import mapped_file, random_blocks, save_tiny_gguf
 
@@ -211,15 +212,13 @@ def test_a_reduced_draft_proposes_only_its_tokens_and_the_output_is_the_targets(
 def test_sampling_with_a_reduced_draft_follows_the_target_distribution(tiny_dirs, config_dir):
     """The first two sampled tokens against the target's exact distribution (chi-square), the draft's head cut to
     a quarter of the vocabulary."""
-    from test_engine import MESSAGES, _exact_two_token_distribution
-
     write_table(config_dir, make_tokenizer(), range(261, -1, -1))
     gen = offspec.load(str(tiny_dirs[("llama", 0)][0]), str(tiny_dirs[("llama", 0)][1]), max_context=64,
                        draft_vocab=64)
     assert gen.info.extra["draft_vocab"] < 80
     sampling = SamplingConfig(temperature=1.5, top_k=3)
     prompt_ids = gen.encode(MESSAGES)
-    exact = _exact_two_token_distribution(gen, prompt_ids, sampling)
+    exact = exact_two_token_distribution(gen, prompt_ids, sampling)
     n, counts, accepted = 1200, collections.Counter(), 0
     for seed in range(n):
         res = gen.generate(MESSAGES, max_new_tokens=2, temperature=1.5, top_k=3, seed=seed, budget=16,
@@ -227,17 +226,8 @@ def test_sampling_with_a_reduced_draft_follows_the_target_distribution(tiny_dirs
         counts[tuple(res.token_ids)] += 1
         accepted += sum(p.accepted for p in res.passes)
     assert set(counts) <= set(exact) and accepted > 0
-    chi2, lump_obs, lump_exp, bins = 0.0, 0, 0.0, 0
-    for outcome, p in exact.items():
-        if n * p >= 5:
-            chi2, bins = chi2 + (counts[outcome] - n * p) ** 2 / (n * p), bins + 1
-        else:
-            lump_obs, lump_exp = lump_obs + counts[outcome], lump_exp + n * p
-    if lump_exp > 0:
-        chi2, bins = chi2 + (lump_obs - lump_exp) ** 2 / lump_exp, bins + 1
-    from scipy.stats import chi2 as chi2_dist  # noqa: PLC0415
-
-    assert bins >= 4 and chi2_dist.sf(chi2, bins - 1) > 0.001, (chi2, bins)
+    chi2, bins, p_value = chi_square(counts, exact, n)
+    assert bins >= 4 and p_value > 0.001, (chi2, bins)
 
 
 def test_a_float_draft_is_reduced_and_a_head_that_cannot_be_is_refused_or_kept(tiny_dirs, config_dir):

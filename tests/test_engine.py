@@ -4,6 +4,7 @@ import collections
 
 import pytest
 import torch
+from helpers.sampling import MESSAGES, chi_square, exact_two_token_distribution
 
 import offspec
 from offspec.config import SamplingConfig, TreeConfig
@@ -84,30 +85,10 @@ def test_kv_pruning_keeps_exactly_the_accepted_path(tiny_pair):
                                    fresh_draft.cache.keys[layer][:, :, : draft.length])
 
 
-def _exact_two_token_distribution(gen, prompt_ids, sampling):
-    """P(t1, t2) of the target alone, from plain full-sequence forwards (no cache, no tree)."""
-    model = gen.engine.target.model
-    chooser = TokenChooser(sampling, torch.device("cpu"))
-    torch.set_grad_enabled(False)
-    p1 = chooser.probs(model(torch.tensor([prompt_ids])).logits[0, -1])
-    dist = {}
-    for t1 in torch.nonzero(p1 > 0).flatten().tolist():
-        p2 = chooser.probs(model(torch.tensor([prompt_ids + [t1]])).logits[0, -1])
-        for t2 in torch.nonzero(p2 > 0).flatten().tolist():
-            dist[(t1, t2)] = float(p1[t1] * p2[t2])
-    torch.set_grad_enabled(True)
-    return dist
-
-
 @pytest.fixture(scope="module")
 def unrelated_pair(tiny_dirs):
     """float32 target with an UNRELATED draft (another random model): a lossy verifier would show."""
     return offspec.load(str(tiny_dirs[("llama", 0)][0]), str(tiny_dirs[("llama", 1)][0]), max_context=64)
-
-
-# an earlier turn: the suffix drafter proposes what followed "<|assistant|>" there, so its trees are not empty
-MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"},
-            {"role": "user", "content": "Hi"}]
 
 
 # None: the target alone; the quick lane keeps one speculating drafter (suffix: its trees cost no draft model)
@@ -119,7 +100,7 @@ def test_sampling_follows_the_target_distribution(unrelated_pair, drafter):
     gen = unrelated_pair
     sampling = SamplingConfig(temperature=1.5, top_k=3)
     prompt_ids = gen.encode(MESSAGES)
-    exact = _exact_two_token_distribution(gen, prompt_ids, sampling)
+    exact = exact_two_token_distribution(gen, prompt_ids, sampling)
     n = 1200
     counts = collections.Counter()
     tree_nodes = 0
@@ -131,21 +112,8 @@ def test_sampling_follows_the_target_distribution(unrelated_pair, drafter):
     assert sum(counts.values()) == n and set(counts) <= set(exact)
     if drafter is not None:
         assert tree_nodes > 0  # real trees were verified
-    # lump outcomes with small expected counts into one bin
-    chi2, lump_obs, lump_exp, bins = 0.0, 0, 0.0, 0
-    for outcome, p in exact.items():
-        if n * p >= 5:
-            chi2 += (counts[outcome] - n * p) ** 2 / (n * p)
-            bins += 1
-        else:
-            lump_obs, lump_exp = lump_obs + counts[outcome], lump_exp + n * p
-    if lump_exp > 0:
-        chi2 += (lump_obs - lump_exp) ** 2 / lump_exp
-        bins += 1
+    chi2, bins, p_value = chi_square(counts, exact, n)
     assert bins >= 4
-    from scipy.stats import chi2 as chi2_dist  # noqa: PLC0415  (scipy comes with the test extra)
-
-    p_value = chi2_dist.sf(chi2, bins - 1)
     assert p_value > 0.001, (chi2, bins, counts, exact)
 
 

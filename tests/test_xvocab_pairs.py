@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.faults import run
+from helpers.sampling import MESSAGES, chi_square, exact_two_token_distribution
 from helpers.tiny_vocab import (
     DRAFT_MERGES,
     TARGET_MERGES,
@@ -73,12 +74,9 @@ def test_speculative_greedy_equals_the_target_alone(xdirs, draft):
 def test_sampling_follows_the_target_distribution(twin_pair):
     """Chi-square test of the first two sampled tokens against the target's exact distribution (as
     tests/test_engine.py's), the trees proposed by the twin through the mapping."""
-    from scipy.stats import chi2 as chi2_dist
-    from test_engine import MESSAGES, _exact_two_token_distribution
-
     gen = twin_pair
     sampling = SamplingConfig(temperature=1.5, top_k=3)
-    exact = _exact_two_token_distribution(gen, gen.encode(MESSAGES), sampling)
+    exact = exact_two_token_distribution(gen, gen.encode(MESSAGES), sampling)
     n, counts, accepted = 1200, collections.Counter(), 0
     for seed in range(n):
         res = gen.generate(MESSAGES, max_new_tokens=2, temperature=1.5, top_k=3, seed=seed, budget=16,
@@ -86,15 +84,8 @@ def test_sampling_follows_the_target_distribution(twin_pair):
         counts[tuple(res.token_ids)] += 1
         accepted += sum(p.accepted for p in res.passes)
     assert set(counts) <= set(exact) and accepted > n // 4  # the twin's proposals are accepted often
-    chi2, lump_obs, lump_exp, bins = 0.0, 0, 0.0, 0
-    for outcome, p in exact.items():
-        if n * p >= 5:
-            chi2, bins = chi2 + (counts[outcome] - n * p) ** 2 / (n * p), bins + 1
-        else:
-            lump_obs, lump_exp = lump_obs + counts[outcome], lump_exp + n * p
-    if lump_exp > 0:
-        chi2, bins = chi2 + (lump_obs - lump_exp) ** 2 / lump_exp, bins + 1
-    assert bins >= 4 and chi2_dist.sf(chi2, bins - 1) > 0.001, (chi2, bins)
+    chi2, bins, p_value = chi_square(counts, exact, n)
+    assert bins >= 4 and p_value > 0.001, (chi2, bins)
 
 
 def test_the_draft_keeps_its_accepted_nodes_and_its_own_context(twin_pair):

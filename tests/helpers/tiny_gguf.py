@@ -162,22 +162,12 @@ def random_blocks(rng: np.random.Generator, type_name: str, rows: int, cols: int
     return raw.reshape(rows, -1)
 
 
-def _writer(path: Path, arch: str, name: str, hidden: int, layers: int, heads: int, kv_heads: int, inter: int,
-            vocab: dict):
-    """A GGUFWriter with the model's metadata and the byte tokenizer of `vocab` (token -> id)."""
+def _add_tokenizer(w, vocab: dict) -> None:
+    """The file type and the byte-level tokenizer (`vocab`: token -> id, the specials included) with its chat
+    template, on the GGUFWriter `w`."""
     import gguf
 
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(name)
-    w.add_block_count(layers)
-    w.add_context_length(512)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(inter)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -188,6 +178,24 @@ def _writer(path: Path, arch: str, name: str, hidden: int, layers: int, heads: i
     w.add_eos_token_id(vocab["</s>"])
     w.add_pad_token_id(vocab["<pad>"])
     w.add_chat_template(CHAT_TEMPLATE)
+
+
+def _writer(path: Path, arch: str, name: str, hidden: int, layers: int, heads: int, kv_heads: int, inter: int,
+            vocab: dict):
+    """A GGUFWriter with the model's metadata and the byte tokenizer of `vocab` (token -> id)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(name)
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    _add_tokenizer(w, vocab)
     return w
 
 
@@ -262,7 +270,6 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     head_dim = head_dim or hidden // heads
     tok = make_tokenizer(BASE_VOCAB + vocab_extra)
     vocab = tok.get_vocab()
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(10_000 + seed)
 
@@ -296,16 +303,7 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
         w.add_final_logit_softcapping(softcap[1])
     if arch == "phi3":
         w.add_rope_dimension_count(rotary or head_dim // 2)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens])
-    w.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives none from a byte vocabulary
-    w.add_bos_token_id(vocab["<s>"])
-    w.add_eos_token_id(vocab["</s>"])
-    w.add_pad_token_id(vocab["<pad>"])
-    w.add_chat_template(CHAT_TEMPLATE)
+    _add_tokenizer(w, vocab)
 
     def add(name: str, raw: np.ndarray, type_name: str, cols: int) -> None:
         qt = gguf.GGMLQuantizationType[type_name]
