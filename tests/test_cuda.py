@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers.cuda import GPU, cuda_marks
+from helpers.gpu_device import GPU, cuda_marks
 
 import offspec
 from offspec import OffspecError

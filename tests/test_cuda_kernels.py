@@ -12,7 +12,7 @@ Skipped, with the reason shown, where there is no CUDA GPU or no Triton.
 import numpy as np
 import pytest
 import torch
-from helpers.cuda import GPU, cuda_marks
+from helpers.gpu_device import GPU, cuda_marks
 
 pytestmark = cuda_marks(triton=True)
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",

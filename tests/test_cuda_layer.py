@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from helpers.cuda import GPU, cuda_marks
+from helpers.gpu_device import GPU, cuda_marks
 
 import offspec
 from offspec import OffspecError
