@@ -12,7 +12,7 @@ import pytest
 import offspec
 from offspec import OffspecError
 from offspec.cli.profile import profile_main
-from offspec.profile.store import find_profile, fingerprint, load_profile, save_profile
+from offspec.profile.store import acceptance_curves, find_profile, fingerprint, load_profile, save_profile
 
 ROOT = Path(__file__).parent.parent
 # a profile is keyed by the thread count; "auto" sizes it to the cores other processes leave free, which on a
@@ -120,6 +120,35 @@ def test_auto_budget_says_when_the_profile_was_measured_with_other_cpu_kernels(q
     assert f"profile {stale} was measured with another build of offspec's CPU kernels" in extra["budget_basis"]
     notes = [e.message for e in events if e.step == "stale-profile"]
     assert len(notes) == 1 and str(stale) in notes[0] and "run `offspec profile`" in notes[0]
+
+
+def test_auto_budget_takes_the_pairs_acceptance_from_a_profile_of_another_placement(quick_profile, tiny_dirs,
+                                                                                      tmp_path, monkeypatch):
+    """`offspec profile` at one placement, then a load at another (here the profile re-keyed as streamed): timings are
+    estimated at start-up, acceptance is the profile's (measured for this pair), and the basis says both."""
+    _, root = quick_profile
+    data = load_profile(next((root / "config" / "profiles").glob("*.json")))
+    streamed = {"device": "cpu", "layers": {"device": 0, "ram": 0, "ssd": 2}, "quant": "none", "tiers": ["ssd", "ssd"]}
+    assert data["key"]["placement"] != streamed
+    data["key"]["placement"] = streamed
+    data["fingerprint"] = fingerprint(data["key"])
+    other = save_profile(data, tmp_path / "config" / "profiles" / f"{data['fingerprint']}.json")
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))
+    target, draft = tiny_dirs[("qwen2", 1)]
+    gen = offspec.load(str(target), str(draft), max_context=512, threads=THREADS)
+    extra = gen.info.extra
+    assert extra["budget_source"] == "estimate" and "start-up estimate" in extra["budget_basis"]
+    assert f"acceptance measured in profile {other}" in extra["budget_basis"]
+    assert "timings not used" in extra["budget_basis"]
+    measured = acceptance_curves(data, str(other))
+    for mode, policy in gen.policies.items():
+        assert policy.acceptance == measured[mode], mode
+    # damaged (its key readable, its acceptance not), it is named with what is wrong and the prior is used instead
+    other.write_text(json.dumps(dict(data, acceptance=dict(data["acceptance"], accepted="many"))))
+    gen = offspec.load(str(target), str(draft), max_context=512, threads=THREADS)
+    basis = gen.info.extra["budget_basis"]
+    assert "acceptance: prior curves measured with" in basis and "acceptance.accepted" in basis and str(other) in basis
+    assert all(policy.acceptance != measured[mode] for mode, policy in gen.policies.items())
 
 
 def test_auto_budget_without_profile_estimates_at_start_up(tiny_dirs, config_dir):

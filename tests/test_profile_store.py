@@ -146,6 +146,29 @@ def test_stale_profiles_are_those_of_another_kernel_build_or_draft_head_only(tmp
         (whole, "another draft vocabulary (--draft-vocab)")])
 
 
+def test_acceptance_profiles_are_the_same_pairs_in_any_placement_machine_or_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path))
+    hw = {"device_type": "cpu", "device_name": "Test CPU"}
+    pair = {"target": "t", "draft": "d", "kernels": "compiled new"}
+    key = store.profile_key(hw, pair, None)
+    assert store.acceptance_profiles(key) == []  # no profiles dir yet
+
+    def saved(models, placement=None, hardware=hw, created="2025-01-01"):
+        data = measured_profile()
+        data["key"], data["created"] = store.profile_key(hardware, models, placement), created
+        data["fingerprint"] = store.fingerprint(data["key"])
+        return store.save_profile(data, store.profile_path(data["key"]))
+
+    saved(pair)  # this very set-up: find_profile's, not listed
+    placed = saved(pair, {"device": "cpu", "tiers": ["ssd"]}, created="2025-03-01")  # another placement
+    gpu = saved(pair, hardware={"device_type": "cuda", "device_name": "Test GPU"}, created="2025-02-01")
+    built = saved({**pair, "kernels": "compiled old"}, created="2024-12-01")  # another build of the kernels
+    saved({**pair, "draft_vocab": 1000})  # another draft head: another acceptance
+    saved({**pair, "draft": "other"})  # another pair
+    (tmp_path / "profiles" / "broken.json").write_text("{not json")
+    assert store.acceptance_profiles(key) == [built, gpu, placed]  # oldest first
+
+
 def test_shipped_reference_profiles_are_valid_and_documented():
     files = store.reference_profiles()
     stems = {p.stem for p in files}

@@ -3,7 +3,9 @@
 1. A measured profile whose fingerprint matches this machine, model pair and placement (saved by
    `offspec profile` in the config dir): its timings and acceptance curves.
 2. Otherwise a start-up estimate: a few timed target passes and draft steps on the loaded models
-   (seconds), with the acceptance prior that ships with offspec (`offspec/data/acceptance_prior.json`).
+   (seconds), with the acceptance measured for this same pair in another set-up's profile (another placement,
+   machine or kernel build: acceptance is the pair's, timings are not), else the acceptance prior that ships with
+   offspec (`offspec/data/acceptance_prior.json`).
 
 Each drafter (model, suffix, hybrid) has its own acceptance curve, so each available one gets its own
 plan and `AdaptiveBudget` policy (the suffix and hybrid ones also gate suffix candidates pass by pass where
@@ -22,6 +24,7 @@ from importlib import resources
 from typing import Optional
 
 from offspec.config import LoadConfig, TreeConfig
+from offspec.errors import OffspecError
 from offspec.formats import kernels
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.spec.suffix_drafter import SuffixDrafter
@@ -32,7 +35,8 @@ from .hardware import identity
 from .measure import CALIBRATION_DEPTH
 from .planner import PairCosts, PlannerConfig
 from .schema import AcceptanceFile, validate
-from .store import acceptance_curves, costs_of, find_profile, load_profile, profile_key, stale_profiles
+from .store import (acceptance_curves, acceptance_profiles, costs_of, find_profile, load_profile, profile_key,
+                    stale_profiles)
 from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
 
 # The start-up estimate: few sizes, one call each, a hard time cap (the load's warm-up already ran).
@@ -140,6 +144,26 @@ def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
     return points
 
 
+def _measured_acceptance(key: dict, curves: dict[str, AcceptanceCurve], pair: str) -> str:
+    """Where no profile matches this set-up, the acceptance of this same pair measured in another one (another
+    placement, machine or kernel build: `acceptance_profiles`), the newest, replaces the prior's curves in
+    `curves`. Returns what the acceptance is based on, for `budget_basis`."""
+    others = acceptance_profiles(key)
+    if not others:
+        return f"acceptance: prior curves measured with {pair}"
+    path = others[-1]
+    try:
+        measured = acceptance_curves(load_profile(path), str(path))
+    except OffspecError as exc:  # a damaged profile: said, and the prior used
+        return f"acceptance: prior curves measured with {pair} ({exc})"
+    text = f"acceptance measured in profile {path} (another placement, machine or kernel build: timings not used)"
+    prior = sorted(set(curves) - set(measured))
+    if prior:
+        text += f"; acceptance of {', '.join(prior)}: prior curves measured with {pair}"
+    curves.update(measured)
+    return text
+
+
 def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[ProgressFn] = None) -> AdaptiveBudget:
     """Plan the tree of a freshly loaded generator and attach the adaptive policy (see the module doc)."""
     progress = progress or no_progress
@@ -161,9 +185,9 @@ def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[Progre
         curves.update(measured)
     else:
         costs, detail = estimate_costs(generator, progress)
-        source = "estimate"
-        basis = (f"start-up estimate: {detail}; acceptance: prior curves measured with {pair}; "
-                 f"run `offspec profile` to measure this pair")
+        source, basis = "estimate", f"start-up estimate: {detail}; "
+        basis += _measured_acceptance(key, curves, pair)
+        basis += "; run `offspec profile` to measure this pair"
         stale = stale_profiles(key)
         if stale:  # measured with other CPU kernels or another draft head: say why it is not used
             path, what = stale[-1]

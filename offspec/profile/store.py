@@ -100,22 +100,50 @@ def _without_build(key: dict) -> str:
     return json.dumps(_canonical({**key, "models": models}), sort_keys=True)
 
 
+def _saved_keys() -> list[tuple[Path, dict, str]]:
+    """Every saved profile's (path, key, created) whose key can be read; unreadable files and other JSON are left
+    out (`offspec profile` and `find_profile` report those)."""
+    found = []
+    for path in sorted(profiles_dir().glob("*.json")) if profiles_dir().is_dir() else []:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            saved = data.get("key")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(saved, dict):
+            found.append((path, saved, str(data.get("created", ""))))
+    return found
+
+
 def stale_profiles(key: dict) -> list[tuple[Path, str]]:
     """Saved profiles of this machine, pair and placement measured with another build of the CPU kernels or another
     draft vocabulary (their timings no longer hold, so `find_profile` does not match them; `offspec profile`
     measures again), each with what it was measured with ("another build of offspec's CPU kernels", ...)."""
     want, found = _without_build(key), []
     models = key.get("models") if isinstance(key.get("models"), dict) else {}
-    for path in sorted(profiles_dir().glob("*.json")) if profiles_dir().is_dir() else []:
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8")).get("key")
-        except (OSError, ValueError, AttributeError):
-            continue  # unreadable or not a profile: `offspec profile` and `find_profile` report those
-        if isinstance(saved, dict) and saved != key and _without_build(saved) == want:
+    for path, saved, _ in _saved_keys():
+        if saved != key and _without_build(saved) == want:
             other = saved.get("models", {})
             found.append((path, " and ".join(what for name, what in MEASURED_WITH.items()
                                              if other.get(name) != models.get(name))))
     return found
+
+
+def _pair_of(key: dict) -> str:
+    """What a pair's acceptance depends on, as text: the models, their types, the draft's head and mapping; not the
+    machine, the placement or the kernels' build (those change timings only)."""
+    models = key.get("models")
+    models = {k: v for k, v in models.items() if k != "kernels"} if isinstance(models, dict) else models
+    return json.dumps(_canonical(models), sort_keys=True)
+
+
+def acceptance_profiles(key: dict) -> list[Path]:
+    """Saved profiles of this model pair measured with another placement (other --device-mem, --max-budget or
+    --max-context), machine or kernel build: their timings do not hold for `key`, their acceptance curves do (a
+    tree's acceptance is the pair's). Oldest first, by when they were measured."""
+    want = _pair_of(key)
+    found = [(created, path) for path, saved, created in _saved_keys() if saved != key and _pair_of(saved) == want]
+    return [path for _, path in sorted(found)]
 
 
 def read_json(path: Path, what: str = "profile") -> Any:
