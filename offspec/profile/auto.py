@@ -144,24 +144,26 @@ def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
     return points
 
 
-def _measured_acceptance(key: dict, curves: dict[str, AcceptanceCurve], pair: str) -> str:
-    """Where no profile matches this set-up, the acceptance of this same pair measured in another one (another
-    placement, machine or kernel build: `acceptance_profiles`), the newest, replaces the prior's curves in
-    `curves`. Returns what the acceptance is based on, for `budget_basis`."""
+def _other_setup_acceptance(key: dict) -> tuple[dict[str, AcceptanceCurve], str]:
+    """Where no profile matches this set-up: the acceptance curves of this same pair measured in the newest other
+    one (another placement, machine or kernel build: `acceptance_profiles`), with what they are, for
+    `budget_basis`; none where there is no such profile or it cannot be read (then the reason)."""
     others = acceptance_profiles(key)
     if not others:
-        return f"acceptance: prior curves measured with {pair}"
+        return {}, ""
     path = others[-1]
     try:
-        measured = acceptance_curves(load_profile(path), str(path))
+        return (acceptance_curves(load_profile(path), str(path)),
+                f"acceptance measured in profile {path} (another placement, machine or kernel build: timings not used)")
     except OffspecError as exc:  # a damaged profile: said, and the prior used
-        return f"acceptance: prior curves measured with {pair} ({exc})"
-    text = f"acceptance measured in profile {path} (another placement, machine or kernel build: timings not used)"
+        return {}, f" ({exc})"
+
+
+def _over_prior(curves: dict[str, AcceptanceCurve], measured: dict[str, AcceptanceCurve], pair: str) -> str:
+    """Put the `measured` curves over the prior's in `curves`; says which drafters keep the prior's."""
     prior = sorted(set(curves) - set(measured))
-    if prior:
-        text += f"; acceptance of {', '.join(prior)}: prior curves measured with {pair}"
     curves.update(measured)
-    return text
+    return f"; acceptance of {', '.join(prior)}: prior curves measured with {pair}" if prior else ""
 
 
 def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[ProgressFn] = None) -> AdaptiveBudget:
@@ -179,15 +181,16 @@ def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[Progre
             costs = replace(costs, suffix_seconds=suffix_seconds(generator, context))
         quick = ", quick" if data.get("quick") else ""
         source, basis = "profile", f"measured profile {path} ({data.get('created', 'undated')}{quick})"
-        prior = sorted(set(curves) - set(measured))
-        if prior:
-            basis += f"; acceptance of {', '.join(prior)}: prior curves measured with {pair}"
-        curves.update(measured)
+        basis += _over_prior(curves, measured, pair)
     else:
         costs, detail = estimate_costs(generator, progress)
-        source, basis = "estimate", f"start-up estimate: {detail}; "
-        basis += _measured_acceptance(key, curves, pair)
-        basis += "; run `offspec profile` to measure this pair"
+        measured, acceptance = _other_setup_acceptance(key)
+        if measured:
+            acceptance += _over_prior(curves, measured, pair)
+        else:  # the prior's curves; `acceptance` says why another profile's could not be used, if one was found
+            acceptance = f"acceptance: prior curves measured with {pair}{acceptance}"
+        source = "estimate"
+        basis = f"start-up estimate: {detail}; {acceptance}; run `offspec profile` to measure this pair"
         stale = stale_profiles(key)
         if stale:  # measured with other CPU kernels or another draft head: say why it is not used
             path, what = stale[-1]

@@ -18,14 +18,13 @@ def exact_two_token_distribution(gen, prompt_ids, sampling):
     """P(t1, t2) of the target alone, from plain full-sequence forwards (no cache, no tree)."""
     model = gen.engine.target.model
     chooser = TokenChooser(sampling, torch.device("cpu"))
-    torch.set_grad_enabled(False)
-    p1 = chooser.probs(model(torch.tensor([prompt_ids])).logits[0, -1])
     dist = {}
-    for t1 in torch.nonzero(p1 > 0).flatten().tolist():
-        p2 = chooser.probs(model(torch.tensor([prompt_ids + [t1]])).logits[0, -1])
-        for t2 in torch.nonzero(p2 > 0).flatten().tolist():
-            dist[(t1, t2)] = float(p1[t1] * p2[t2])
-    torch.set_grad_enabled(True)
+    with torch.no_grad():
+        p1 = chooser.probs(model(torch.tensor([prompt_ids])).logits[0, -1])
+        for t1 in torch.nonzero(p1 > 0).flatten().tolist():
+            p2 = chooser.probs(model(torch.tensor([prompt_ids + [t1]])).logits[0, -1])
+            for t2 in torch.nonzero(p2 > 0).flatten().tolist():
+                dist[(t1, t2)] = float(p1[t1] * p2[t2])
     return dist
 
 
