@@ -186,6 +186,35 @@ class GenerationConfig:
         return self
 
 
+MAX_TOP_LOGPROBS = 20  # the most alternatives' log-probabilities returned per token (OpenAI's limit)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """What the output must follow (a JSON schema or a grammar, enforced at every token, speculation on), and what
+    is returned beside it."""
+
+    json_schema: Any = None  # a JSON schema (a dict or its JSON text; True: any JSON object) the output follows
+    grammar: Optional[str] = None  # or a Lark grammar (llguidance's dialect: offspec/spec/grammar.py)
+    logprobs: Optional[int] = None  # each token's log-probability and this many alternatives' (0-20); None: off
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema not in (None, False) or self.grammar is not None
+
+    def validate(self) -> "OutputConfig":
+        if self.json_schema not in (None, False) and self.grammar is not None:
+            raise OffspecError("give either a JSON schema or a grammar, not both")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise OffspecError("the grammar must be a non-empty string (a Lark grammar)")
+        if self.json_schema not in (None, False, True) and not isinstance(self.json_schema, (dict, str)):
+            raise OffspecError(f"the JSON schema must be a dict or JSON text, got {type(self.json_schema).__name__}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise OffspecError(f"logprobs must be a whole number of alternatives in 0..{MAX_TOP_LOGPROBS} (or None: "
+                               f"off), got {self.logprobs!r}")
+        return self
+
+
 RING_SLOTS = 2  # device slots the streamed layers rotate through (>= 2: one computes while the next loads)
 STAGING_BUFFERS = 2  # host staging buffers the SSD reader fills ahead of the copies
 PREFILL_TOKENS = 512  # a prefill pass of at least this many tokens fits in the activation reserve (issue 12)

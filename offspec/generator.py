@@ -13,11 +13,15 @@ from dataclasses import replace
 from typing import Iterator, Optional, Sequence
 
 from offspec.spec.engine import SpeculativeEngine
+from offspec.spec.grammar import TokenGrammar, grammar_tokenizer, json_schema_grammar, lark_grammar
 from offspec.spec.sampling import TokenChooser
 
-from .config import GenerationConfig, SamplingConfig, TreeConfig, budget_room_error, generation_configs
+from .config import (GenerationConfig, OutputConfig, TreeConfig, budget_room_error,
+                     generation_configs)
 from .errors import OffspecError
-from .types import GenerationResult, ModelInfo, PassStats, Prompt, StreamEvent, TextDelta
+from .types import GenerationResult, ModelInfo, PassStats, Prompt, StreamEvent, TextDelta, TokenLogprob
+
+MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")  # what a chat message may carry
 
 
 class Generator:
@@ -38,6 +42,7 @@ class Generator:
         # None: the thread count stays as it is (CUDA, or threads fixed by the user)
         self.threads = None
         self._lock = threading.Lock()  # one generation at a time: the caches are shared state
+        self._grammar_tokenizer = None  # llguidance's view of the tokenizer, built at the first constrained call
 
     # --- text <-> tokens -------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -46,9 +51,11 @@ class Generator:
         llama.cpp tokenizes a prompt."""
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
+    def encode(self, prompt: Prompt, raw: bool = False, tools: Optional[Sequence[dict]] = None) -> list[int]:
         """A string is sent as one user message through the chat template (when the tokenizer has one), or as it
-        is with `raw` (`tokenize`); a sequence of token ids is used as it is."""
+        is with `raw` (`tokenize`); a sequence of token ids is used as it is. `tools` (function definitions, as
+        OpenAI's API gives them) go to the chat template, which shows them to the model; messages may carry
+        `tool_calls` (an assistant's) and `tool_call_id` (a tool's answer), as the template renders them."""
         if isinstance(prompt, (list, tuple)) and not prompt:
             raise OffspecError("the prompt is empty; give at least one message or token")
         if raw and isinstance(prompt, str):
@@ -61,22 +68,29 @@ class Generator:
                 raise OffspecError(f"token ids must be in [0, {vocab}); the prompt holds one outside that range")
             return [int(t) for t in prompt]
         if isinstance(prompt, str):
-            if not getattr(self.tokenizer, "chat_template", None):
+            if not getattr(self.tokenizer, "chat_template", None) and not tools:
                 return self.tokenize(prompt)
             prompt = [{"role": "user", "content": prompt}]
         try:
-            messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+            messages = [{k: m[k] for k in MESSAGE_FIELDS if k in m} for m in prompt]
+            if not all("role" in m and ("content" in m or "tool_calls" in m) for m in messages):
+                raise KeyError
         except (KeyError, TypeError):
             raise OffspecError("messages must be a list of {'role': ..., 'content': ...} dicts") from None
         if not getattr(self.tokenizer, "chat_template", None):
             raise OffspecError("this model's tokenizer has no chat template; pass a plain string prompt")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        extra = {"tools": list(tools)} if tools else {}
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
+        except Exception as exc:  # the template's own checks (jinja's raise_exception), or one it cannot render
+            raise OffspecError(f"the chat template cannot render these messages: {exc}") from None
         if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], special: bool = False) -> str:
+        """Token ids -> text, without special tokens (with them: `special`, as tool-call markers can be)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=not special)
 
     def close(self) -> None:
         """Release a streamed target's ring slots, staging buffers and RAM-tier copies (pinned host memory on
@@ -97,14 +111,19 @@ class Generator:
                top_p: float = 1.0, top_k: int = 0, budget: Optional[int] = None, seed: Optional[int] = None,
                speculate: Optional[bool] = None, stop: Sequence[str] = (),
                cancel: Optional[threading.Event] = None, drafter: Optional[str] = None,
-               raw: bool = False) -> Iterator[StreamEvent]:
+               raw: bool = False, json_schema=None, grammar: Optional[str] = None, logprobs: Optional[int] = None,
+               tools: Optional[Sequence[dict]] = None) -> Iterator[StreamEvent]:
         """Yield TextDeltas, then the GenerationResult. `budget`, `drafter` (model, suffix or hybrid): this
         call's tree instead of the generator's own (and its `budget="auto"` planning). `raw`: a text prompt is
-        tokenized as it is, without the chat template (`encode`)."""
+        tokenized as it is, without the chat template (`encode`). `json_schema` (a dict or its JSON text; True: any
+        JSON object) or `grammar` (a Lark grammar): the output follows it, every token masked to what it allows,
+        speculation on. `logprobs`: each token's log-probability and that many alternatives' (0-20) in the events
+        and the result. `tools`: function definitions shown to the model through the chat template."""
         sampling, gen = generation_configs(dict(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
             max_new_tokens=self.generation.max_new_tokens if max_new_tokens is None else max_new_tokens,
             speculate=self.generation.speculate if speculate is None else bool(speculate)))
+        output = OutputConfig(json_schema=json_schema, grammar=grammar, logprobs=logprobs).validate()
         tree = self.tree if budget is None else replace(self.tree, budget=budget)
         policy = self.policy if tree is self.tree and getattr(self.policy, "base_tree", None) is self.tree else None
         if drafter is not None and drafter != tree.drafter:
@@ -114,21 +133,40 @@ class Generator:
         self.engine.drafter.check_mode(tree.drafter)  # e.g. "model" without a draft model: one clear error
         if tree.budget > self.engine.max_budget:
             raise budget_room_error(tree.budget, self.engine.max_budget)
-        prompt_ids = self.encode(prompt, raw)
+        prompt_ids = self.encode(prompt, raw, tools)
         if not self._lock.acquire(blocking=False):
             raise OffspecError("a generation is already running on this generator; wait for it or cancel it")
         try:
-            yield from self._run(prompt_ids, sampling, gen, tree, cancel, policy)
+            chooser = TokenChooser(sampling, self.engine.target.device, self._grammar(output), output.logprobs)
+            yield from self._run(prompt_ids, chooser, gen, tree, cancel, policy)
         finally:
             self._lock.release()
 
-    def _run(self, prompt_ids: list[int], sampling: SamplingConfig, gen: GenerationConfig, tree: TreeConfig,
+    def _grammar(self, output: OutputConfig) -> Optional[TokenGrammar]:
+        """The output's grammar at its start (None: unconstrained)."""
+        if not output.constrained:
+            return None
+        spec = json_schema_grammar(output.json_schema) if output.grammar is None else lark_grammar(output.grammar)
+        return TokenGrammar(self.grammar_tokenizer(), spec, self.engine.target.vocab_size)
+
+    def grammar_tokenizer(self):
+        """llguidance's view of the target's tokenizer (built once, 1-3 s for 152k tokens)."""
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.engine.target.vocab_size, self.eos_ids)
+        return self._grammar_tokenizer
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (part of a character, possibly), as OpenAI's logprobs give them."""
+        return self.grammar_tokenizer().decode_bytes([int(token)])
+
+    def _run(self, prompt_ids: list[int], chooser: TokenChooser, gen: GenerationConfig, tree: TreeConfig,
              cancel: Optional[threading.Event], policy=None) -> Iterator[StreamEvent]:
         engine = self.engine
         start = time.perf_counter()
         reused = engine.reset_to(prompt_ids)
-        chooser = TokenChooser(sampling, engine.target.device)
         out: list[int] = []
+        recorded = chooser.logprobs  # the chooser's records: one per token a pass emitted, in order
+        logprobs: list[TokenLogprob] = []  # those of `out`'s tokens
         passes: list[PassStats] = []
         text_sent = ""
         stop_reason = None
@@ -163,6 +201,8 @@ class Generator:
             if keep >= room:
                 keep, stop_reason = room, stop_reason or "context"
             out.extend(new[:keep])
+            pass_logprobs = tuple(recorded[len(recorded) - len(new) :][:keep]) if recorded else ()
+            logprobs.extend(pass_logprobs)
             stats = replace(stats, emitted=keep) if keep != len(new) else stats
             passes.append(stats)
             text = self.decode(out)
@@ -170,12 +210,13 @@ class Generator:
             if cut is not None:
                 text, stop_reason = text[:cut], "stop"
                 out = _trim_ids_to_text(self, out, text)
+                del logprobs[len(out) :]
             # one event per pass (the UI wants every pass's statistics), with the text that is safe to show
             visible = _safe_prefix(text, gen.stop, final=stop_reason is not None)
             delta = ""
             if len(visible) > len(text_sent) and visible.startswith(text_sent):
                 delta, text_sent = visible[len(text_sent):], visible
-            yield TextDelta(text=delta, token_ids=tuple(new[:keep]), stats=stats)
+            yield TextDelta(text=delta, token_ids=tuple(new[:keep]), stats=stats, logprobs=pass_logprobs)
         text = self.decode(out)
         cut = _find_stop(text, gen.stop)
         if cut is not None:
@@ -186,7 +227,8 @@ class Generator:
         last_tree = max((i for i, p in enumerate(passes) if p.tree is not None), default=-1)
         passes = [p if i == last_tree or p.tree is None else replace(p, tree=None) for i, p in enumerate(passes)]
         yield GenerationResult(text=text, token_ids=out, passes=passes, seconds=time.perf_counter() - start,
-                               stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused)
+                               stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused,
+                               logprobs=logprobs if chooser.top_logprobs is not None else None)
 
 
 def _is_token_ids(prompt: Prompt) -> bool:

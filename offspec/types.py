@@ -45,6 +45,20 @@ class PassStats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target's own distribution (its logits' log-softmax, before a
+    grammar's mask and the sampling settings), and the likeliest tokens' there, most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, log-probability) of the likeliest tokens
+
+    def summary(self) -> dict:
+        return {"token": self.token, "logprob": round(self.logprob, 6),
+                "top": [[t, round(lp, 6)] for t, lp in self.top]}
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     text: str
     token_ids: list[int]
@@ -53,6 +67,7 @@ class GenerationResult:
     stop_reason: str  # "eos", "stop", "max_tokens", "context", "cancelled"
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # prompt tokens whose KV cache was reused from the previous call
+    logprobs: Optional[list[TokenLogprob]] = None  # one per token of `token_ids`, when asked for
 
     @property
     def n_passes(self) -> int:
@@ -88,6 +103,7 @@ class GenerationResult:
             "stop_reason": self.stop_reason,
             "prompt_tokens": self.prompt_tokens,
             "reused_prompt_tokens": self.reused_prompt_tokens,
+            **({"logprobs": [lp.summary() for lp in self.logprobs]} if self.logprobs is not None else {}),
             "io_wait_seconds": round(sum(p.io_wait_seconds for p in self.passes), 4),
             "bytes_streamed": sum(p.bytes_streamed for p in self.passes),
             "per_pass": [
@@ -107,6 +123,7 @@ class TextDelta:
     text: str
     token_ids: tuple[int, ...]
     stats: Optional[PassStats] = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of `token_ids`, when asked for
 
 
 StreamEvent = Union[TextDelta, GenerationResult]  # a stream yields TextDelta..., then one GenerationResult
@@ -136,7 +153,8 @@ class GeneratorLike(Protocol):
     def stream(self, prompt: Prompt, *, max_new_tokens: int = ..., temperature: float = ..., top_p: float = ...,
                top_k: int = ..., budget: Optional[int] = ..., seed: Optional[int] = ..., speculate: bool = ...,
                stop: Sequence[str] = ..., cancel=None, drafter: Optional[str] = ...,
-               raw: bool = ...) -> Iterator[StreamEvent]: ...
+               raw: bool = ..., json_schema: Any = ..., grammar: Optional[str] = ...,
+               logprobs: Optional[int] = ..., tools: Optional[Sequence[dict]] = ...) -> Iterator[StreamEvent]: ...
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult: ...
 

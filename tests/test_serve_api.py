@@ -145,7 +145,7 @@ def test_the_next_turn_reuses_the_cached_prefix(served, client, reference):
 
 @pytest.mark.parametrize("kwargs, param", [
     (dict(n=2), "n"),
-    (dict(logprobs=True), "logprobs"),
+    (dict(top_logprobs=2), "top_logprobs"),
     (dict(presence_penalty=1.0), "presence_penalty"),
     (dict(extra_body={"foo": 1}), "foo"),
     (dict(temperature=-0.5), None),

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from offspec.config import (AUTO_BUDGET, DRAFTERS, GenerationConfig, LoadConfig, SamplingConfig, TreeConfig,
-                            generation_configs, option_names)
+from offspec.config import (AUTO_BUDGET, DRAFTERS, MAX_TOP_LOGPROBS, GenerationConfig, LoadConfig, OutputConfig,
+                            SamplingConfig, TreeConfig, generation_configs, option_names)
 from offspec.errors import OffspecError
 
 _TREE, _LOAD, _GEN, _SAMPLING = TreeConfig(), LoadConfig(), GenerationConfig(), SamplingConfig()
@@ -109,3 +109,47 @@ def load_options(args: argparse.Namespace) -> dict:
         options.update(budget=chain.budget, max_beams=chain.max_beams, branch=chain.branch, max_depth=chain.max_depth,
                        drafter=chain.drafter)
     return dict(target=args.target, draft=args.draft, **options)
+
+
+def add_output_args(p: argparse.ArgumentParser, grammar: bool = True) -> None:
+    """--json-schema (and, with `grammar`, --grammar and --logprobs): what the output follows, what comes with it."""
+    g = p.add_argument_group("output")
+    g.add_argument("--json-schema", metavar="FILE", help="the output is one JSON value following this JSON schema "
+                   "(a .json file), enforced at every token with speculation on; `object`: any JSON object")
+    if grammar:
+        g.add_argument("--grammar", metavar="FILE", help="the output follows this Lark grammar (llguidance's "
+                       "dialect: %%json {...} embeds a JSON schema)")
+        g.add_argument("--logprobs", type=int, metavar="N", help=f"print each token's log-probability and the N "
+                       f"likeliest alternatives' (0-{MAX_TOP_LOGPROBS}; needs --json)")
+
+
+def output_options(args: argparse.Namespace) -> dict:
+    """The output flags given (by option name), the files read and checked: an OffspecError before anything loads."""
+    options: dict = {}
+    if getattr(args, "json_schema", None) is not None:
+        options["json_schema"] = True if args.json_schema == "object" else _read(args.json_schema, "JSON schema")
+        if options["json_schema"] is not True:
+            import json
+
+            try:
+                options["json_schema"] = json.loads(options["json_schema"])
+            except json.JSONDecodeError as exc:
+                raise OffspecError(f"--json-schema {args.json_schema} is not valid JSON ({exc.msg} at line "
+                                   f"{exc.lineno}); pass a JSON schema file") from None
+    if getattr(args, "grammar", None) is not None:
+        options["grammar"] = _read(args.grammar, "grammar")
+    if getattr(args, "logprobs", None) is not None:
+        options["logprobs"] = args.logprobs
+    OutputConfig(**options).validate()
+    return options
+
+
+def _read(path: str, what: str) -> str:
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise OffspecError(f"{what} file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OffspecError(f"cannot read the {what} file {path}: {exc}") from None

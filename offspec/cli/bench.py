@@ -42,6 +42,7 @@ class Setup:
     kind: str  # "ar", "hf", "tree"
     tree: Optional[TreeConfig] = None  # None with kind "tree" = the generator's own default ("auto")
     drafter: Optional[str] = None  # "auto" of another drafter than the generator's (its own plan)
+    free: bool = False  # `free:`: not held to the bench's JSON schema (the unconstrained peer of the same run)
 
 
 def bench_max_budget(setups: list[Setup], default_budget: int) -> Optional[int]:
@@ -56,8 +57,13 @@ def bench_max_budget(setups: list[Setup], default_budget: int) -> Optional[int]:
 
 
 def parse_setups(spec: str, base: TreeConfig) -> list[Setup]:
+    """The set-ups of `--budgets`; `free:` before one: it does not follow `--json-schema` (named free-...)."""
     setups = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if item.startswith("free:"):
+            setup = parse_setups(item[5:], base)[0]
+            setups.append(replace(setup, name=f"free-{setup.name}", free=True))
+            continue
         drafter, _, rest = item.partition(":")
         if rest and drafter in DRAFTERS and (rest == "auto" or (rest.isdigit() and int(rest) > 0)):
             if rest == "auto":
@@ -79,14 +85,15 @@ def parse_setups(spec: str, base: TreeConfig) -> list[Setup]:
                                f"or model:, suffix:, hybrid: before a budget or auto")
     if not setups:
         raise OffspecError("--budgets names no set-up; e.g. --budgets ar,hf,16,64,auto")
-    setups.sort(key=lambda s: s.kind != "ar")  # the reference first, so every greedy run can be checked
+    setups.sort(key=lambda s: s.kind != "ar")  # the references first, so every greedy run can be checked
     return setups
 
 
 def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temperature: float, seed: int,
-            session: tuple[list[int], ...] = ()) -> dict:
+            session: tuple[list[int], ...] = (), json_schema=None) -> dict:
     """One prompt through one set-up; the per-prompt record of the JSON. `session`: the set-up's replies to the
-    prompts before this one, put into the session history (`run_bench(session=True)`)."""
+    prompts before this one, put into the session history (`run_bench(session=True)`). `json_schema`: the output
+    follows it (the record says whether the text parses as JSON: a reply cut by max_new_tokens does not)."""
     if setup.kind == "hf":
         return _run_hf_assisted(generator, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     saved = generator.tree
@@ -98,11 +105,18 @@ def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temper
         if setup.tree is not None:
             generator.tree = setup.tree
         result = generator.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                                    speculate=setup.kind == "tree", drafter=setup.drafter)
+                                    speculate=setup.kind == "tree", drafter=setup.drafter, json_schema=json_schema)
     finally:
         generator.tree = saved
     drafted = [p.drafter for p in result.passes if p.drafter]
-    return {"tokens": len(result.token_ids), "passes": result.n_passes, "seconds": result.seconds,
+    parsed = {}
+    if json_schema is not None:
+        try:
+            json.loads(result.text)
+            parsed = {"json_parses": True}
+        except json.JSONDecodeError:
+            parsed = {"json_parses": False}
+    return {"tokens": len(result.token_ids), "passes": result.n_passes, "seconds": result.seconds, **parsed,
             "reused_prompt_tokens": result.reused_prompt_tokens,  # 0: every run pays its own prefill
             "drafters": {d: drafted.count(d) for d in sorted(set(drafted))},  # passes by what built the tree
             "draft_seconds": result.draft_seconds, "target_seconds": result.target_seconds,
@@ -150,14 +164,19 @@ def _run_hf_assisted(generator, prompt: str, *, max_new_tokens: int, temperature
 
 def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tokens: int, temperature: float,
               out_dir: Path, on_progress: Callable[[str], None] = lambda name: None, resume: bool = False,
-              on_resumed: Callable[[int], None] = lambda done: None, session: bool = False) -> dict:
+              on_resumed: Callable[[int], None] = lambda done: None, session: bool = False,
+              json_schema=None) -> dict:
     """Every prompt through every set-up. With `resume`, the prompts already measured in `out_dir/bench.json`
     (by every set-up) are kept and only the rest run; the settings must match (see `_resumable`). `session`:
-    the prompts are one session per set-up (see the module doc)."""
+    the prompts are one session per set-up (see the module doc). `json_schema`: every set-up's output follows it
+    (the report keeps the schema's hash)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     generator.engine.drafter.use_history(session)  # fresh sessions, or each set-up's own (see the module doc)
+    schema_sha = (None if json_schema is None else
+                  hashlib.sha256(json.dumps(json_schema, sort_keys=True).encode()).hexdigest()[:16])
     report = {"environment": environment(generator), "max_new_tokens": max_new_tokens,
-              "temperature": temperature, "session": session, "prompts": len(prompts), "setups": {}}
+              "temperature": temperature, "session": session, "json_schema": schema_sha, "prompts": len(prompts),
+              "setups": {}}
     runs: dict[str, list[dict]] = {setup.name: [] for setup in setups}
     if resume and (out_dir / "bench.json").is_file():
         report, runs = _resumable(out_dir / "bench.json", report, runs, prompts)
@@ -169,14 +188,15 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
     # instead of whichever one happened to be running.
     for i in range(done, len(prompts)):
         prompt = prompts[i]
-        reference: Optional[list[int]] = None
+        references: dict[bool, list[int]] = {}  # the ar run's tokens, held to the schema (False) or free (True)
         for setup in setups:
             replies = tuple(r["token_ids"] for r in runs[setup.name]) if session else ()
             run = {"prompt": i, "prompt_sha": prompt_sha(prompt),
-                   **run_one(generator, setup, prompt, max_new_tokens=max_new_tokens,
-                             temperature=temperature, seed=i, session=replies)}
+                   **run_one(generator, setup, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                             seed=i, session=replies, json_schema=None if setup.free else json_schema)}
+            reference = references.get(setup.free or json_schema is None)
             if setup.kind == "ar":
-                reference = run["token_ids"]
+                references[setup.free or json_schema is None] = run["token_ids"]
             elif temperature == 0 and reference is not None and setup.kind == "hf":
                 # a peer: transformers computes the target's attention its own way (SDPA, not offspec's exact
                 # kernel), so a near-tie can go the other way; reported, not counted as a losslessness failure
@@ -237,7 +257,7 @@ def _resumable(path: Path, fresh: dict, runs: dict[str, list[dict]], prompts: li
     fix = "; rerun with the same settings, or drop --resume / pick another --out"
     if set(old_setups) != set(runs):
         raise OffspecError(f"{path} measured set-ups {','.join(old_setups)}, not {','.join(runs)}{fix}")
-    for key in ("max_new_tokens", "temperature", "session"):
+    for key in ("max_new_tokens", "temperature", "session", "json_schema"):
         if old.get(key, False if key == "session" else None) != fresh[key]:  # reports before --session: cold
             raise OffspecError(f"{path} used {key} {old.get(key)}, this run {fresh[key]}{fix}")
     old_env, env = old.get("environment", {}), fresh["environment"]
@@ -288,6 +308,9 @@ def summarize(runs: list[dict]) -> dict:
     checked = [r["matches_ar"] for r in runs if "matches_ar" in r]
     if checked:
         summary["greedy_mismatches"] = checked.count(False)
+    parses = [r["json_parses"] for r in runs if "json_parses" in r]
+    if parses:
+        summary["json_parses"] = sum(parses)  # outputs that are whole JSON (a reply cut short is not)
     peer = [r["same_as_ar"] for r in runs if "same_as_ar" in r]
     if peer:
         summary["outputs_unlike_ar"] = peer.count(False)  # a peer's own numerics (see run_bench)

@@ -18,7 +18,8 @@ from offspec.config import TreeConfig, generation_configs
 from offspec.errors import OffspecError, run_cli
 from offspec.progress import ProgressEvent
 
-from .args import _GEN, _SAMPLING, _TREE, add_generation_args, add_model_args, generation_options, load_options
+from .args import (_GEN, _SAMPLING, _TREE, add_generation_args, add_model_args, add_output_args, generation_options,
+                   load_options, output_options)
 from .progress import TqdmProgress
 
 
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template (as "
                    "/v1/completions does; to compare outputs with other tools, e.g. llama.cpp's)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+    add_output_args(g)
 
     b = sub.add_parser("bench", help="tokens per pass and tokens/s of several set-ups on a prompt file "
                                      "(`offspec bench offload --help`: the offloading benchmark)")
@@ -49,13 +51,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--budgets", default="ar,hf,16,64,256,1024",
                    help="comma list of set-ups: ar (target alone), hf (transformers assisted generation), chainN, "
-                        "a tree budget, auto (default ar,hf,16,64,256,1024)")
+                        "a tree budget, auto; model:, suffix:, hybrid: before a budget or auto; free: before any "
+                        "set-up: not held to --json-schema (default ar,hf,16,64,256,1024)")
     b.add_argument("--out", default="bench-out", help="output directory (bench.json, bench.md)")
     b.add_argument("--resume", action="store_true",
                    help="continue the run in --out: keep the prompts it measured, run the rest (same settings)")
     b.add_argument("--session", action="store_true",
                    help="the prompts are one session per set-up, as in a chat or a server: the suffix drafter's "
                         "history holds the set-up's replies to the earlier prompts (default: every prompt cold)")
+    add_output_args(b, grammar=False)
 
     sub.add_parser("profile", help="measure the machine and the model pair, choose the tree budget "
                                    "(see `offspec profile --help`)", add_help=False)
@@ -82,7 +86,9 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_generate(args: argparse.Namespace) -> int:
     import offspec
 
-    options = generation_options(args)  # checked before loading
+    options = {**generation_options(args), **output_options(args)}  # checked before loading
+    if "logprobs" in options and not args.json:
+        raise OffspecError("--logprobs prints with --json; add --json")
     with TqdmProgress(enabled=sys.stderr.isatty() or not args.json) as progress:
         generator = offspec.load(progress=progress, **load_options(args))
     if args.raw:
@@ -115,8 +121,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.n <= 0:
         raise OffspecError(f"--n must be a positive number of prompts, got {args.n}")
     generation_configs(dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature))
+    schema = output_options(args).get("json_schema")
     prompts = read_prompts(args.prompts, args.n)
     setups = parse_setups(args.budgets, TreeConfig())
+    if schema is not None and any(s.kind == "hf" and not s.free for s in setups):
+        raise OffspecError("set-up hf (transformers' assisted generation) cannot follow a JSON schema; drop hf from "
+                           "--budgets or --json-schema")
     options = load_options(args)
     if (largest := bench_max_budget(setups, _TREE.budget)) is not None:
         options.setdefault("max_budget", largest)
@@ -133,7 +143,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         report = run_bench(generator, prompts, setups, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, out_dir=Path(args.out), resume=args.resume,
-                           on_resumed=resumed, on_progress=step, session=args.session)
+                           on_resumed=resumed, on_progress=step, session=args.session, json_schema=schema)
         progress(ProgressEvent("bench", "bench", state["done"], state["total"], finished=True))
     print(markdown_table(report))
     print(f"written: {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)

@@ -28,6 +28,7 @@ from .config import ServeConfig
 from .protocol import APIError, GenerationRequest, parse_chat, parse_completion
 from .queue import EngineQueue, Job, QueueFull, ShuttingDown
 from .responses import Shape, finish_reason
+from .tools import ToolPlan, ToolStream, plan
 
 log = logging.getLogger("offspec.serve")
 
@@ -90,6 +91,26 @@ async def _chain(first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> AsyncI
     yield first
     async for event in rest:
         yield event
+
+
+def _tool_plan(req: GenerationRequest, generator) -> tuple[Optional[ToolPlan], object, dict]:
+    """(the tool plan where the model may call tools, else None; the prompt; the generator's options) of a request.
+    A chat whose messages hold earlier calls or results goes through the plan too (a template without tools gets
+    them as text)."""
+    options = dict(req.options)
+    history = req.chat and any(m.get("tool_calls") or m["role"] == "tool" for m in req.prompt)
+    if req.tools is None and not history:
+        return None, req.prompt, options
+    try:
+        tools = plan(req.tools, req.prompt, generator.tokenizer)
+    except OffspecError as exc:
+        raise APIError(400, str(exc), param="messages") from None
+    if tools.template_tools:
+        options["tools"] = tools.template_tools
+    if tools.grammar:
+        options["grammar"] = tools.grammar
+    calls = req.tools is not None and req.tools.choice != "none"
+    return (tools if calls else None), tools.messages, options
 
 
 def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
@@ -173,9 +194,11 @@ def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
             raise APIError(404, f"the model '{req.model}' does not exist; this server serves '{model_id}'",
                            param="model", code="model_not_found")
         rec = _request_log(request)
-        shape = Shape(req.chat, model_id, req.return_token_ids)
+        tools, prompt, options = _tool_plan(req, generator)
+        token_bytes = generator.token_bytes if options.get("logprobs") is not None else None
+        shape = Shape(req.chat, model_id, req.return_token_ids, token_bytes)
         rec.fields.update(id=shape.id, stream=req.stream, **({"user": req.user} if req.user else {}))
-        job = Job(prompt=req.prompt, options=req.options, raw=isinstance(req.prompt, str) and not req.chat)
+        job = Job(prompt=prompt, options=options, raw=isinstance(prompt, str) and not req.chat)
         try:
             engine.submit(job)
         except QueueFull as exc:
@@ -202,16 +225,19 @@ def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         if req.stream:
-            return EventSourceResponse(_sse(req, shape, job, _chain(first, events), rec), ping=15,
+            stream = (ToolStream(tools.format, lambda ids: generator.decode(ids, special=True), req.tools.names)
+                      if tools else None)
+            return EventSourceResponse(_sse(req, shape, job, _chain(first, events), rec, stream), ping=15,
                                        shutdown_grace_period=config.shutdown_grace_seconds)
         if result.stop_reason == "cancelled":  # the client is gone: nobody reads this answer
             rec.write(499, **_result_fields(result, job))
             return JSONResponse({}, status_code=499)
-        rec.write(200, **_result_fields(result, job))
-        return shape.whole(result, job.queued_seconds)
+        parsed = tools.format.parse(generator.decode(result.token_ids, special=True), req.tools.names) if tools else None
+        rec.write(200, **_result_fields(result, job), **({"tool_calls": len(parsed.calls)} if parsed else {}))
+        return shape.whole(result, job.queued_seconds, parsed)
 
     async def _sse(req: GenerationRequest, shape: Shape, job: Job, events: AsyncIterator[StreamEvent],
-                   rec: RequestLog) -> AsyncIterator[str]:
+                   rec: RequestLog, tools: Optional[ToolStream]) -> AsyncIterator[str]:
         sent_tokens = 0
         try:
             yield json.dumps(shape.first_chunk())
@@ -219,11 +245,20 @@ def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
             async for event in events:
                 if isinstance(event, GenerationResult):
                     result = event
-                else:
-                    sent_tokens += len(event.token_ids)
-                    if event.text:
-                        yield json.dumps(shape.text_chunk(event.text))
-            yield json.dumps(shape.last_chunk(result, job.queued_seconds))
+                    continue
+                sent_tokens += len(event.token_ids)
+                text = tools.feed(event.token_ids) if tools is not None else event.text
+                if text or event.logprobs:
+                    yield json.dumps(shape.text_chunk(text, event.logprobs or None))
+            finish = None
+            if tools is not None:
+                rest, calls = tools.finish()
+                if rest:
+                    yield json.dumps(shape.text_chunk(rest))
+                if calls:
+                    yield json.dumps(shape.tool_chunk(calls))
+                    finish = "tool_calls"
+            yield json.dumps(shape.last_chunk(result, job.queued_seconds, finish))
             if req.include_usage:
                 yield json.dumps(shape.usage_chunk(result))
             yield "[DONE]"

@@ -2,20 +2,24 @@
 
 `parse_chat` / `parse_completion` turn a request body into a `GenerationRequest` (what the engine runs) or
 raise `APIError` (a 400 with OpenAI's error JSON). Every request field is either supported, accepted only at
-the value that changes nothing (`presence_penalty: 0`, `logprobs: false`, ...), or refused with a 400 that
-names it: nothing is silently ignored.
+the value that changes nothing (`presence_penalty: 0`, `echo: false`, ...), or refused with a 400 that
+names it: nothing is silently ignored. Tools, `response_format` and log-probabilities: see offspec/serve/tools.py
+and docs/serve.md.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from offspec.config import GenerationConfig, SamplingConfig
+from offspec.config import MAX_TOP_LOGPROBS, GenerationConfig, SamplingConfig
 from offspec.errors import OffspecError
+
+from .tools import ToolRequest
 
 OPENAI_TEMPERATURE = 1.0  # OpenAI's default when a request gives none (offspec's own CLI default is greedy)
 OPENAI_COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -46,6 +50,7 @@ class GenerationRequest:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
     return_token_ids: bool = False  # an extension (as vLLM's): the completion's token ids in the choice
     user: Optional[str] = None  # OpenAI's end-user id; written to the request's log line
+    tools: Optional[ToolRequest] = None  # the functions the model may call (chat), and how
 
 
 class _StreamOptions(BaseModel):
@@ -73,10 +78,18 @@ class _Common(BaseModel):
 class _ChatBody(_Common):
     messages: list[Any]
     max_completion_tokens: Optional[int] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Union[str, dict, None] = None
+    parallel_tool_calls: Optional[bool] = None
+    response_format: Optional[dict] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
 
 
 class _CompletionBody(_Common):
     prompt: Any
+    logprobs: Optional[int] = None  # the likeliest tokens' log-probabilities at each token: this many (0-20)
+    response_format: Optional[dict] = None  # an extension (as vLLM's): the text follows a JSON schema
 
 
 # OpenAI fields accepted only at a value that changes nothing (and null, always such a value)
@@ -84,17 +97,14 @@ _NEUTRAL_COMMON: dict[str, tuple] = {
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
     "service_tier": ("auto", "default"), "store": (False,), "metadata": ({},),
 }
-_NEUTRAL_CHAT = {**_NEUTRAL_COMMON, "logprobs": (False,), "top_logprobs": (0,), "tools": ([],),
-                 "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-                 "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},)}
-_NEUTRAL_COMPLETION = {**_NEUTRAL_COMMON, "echo": (False,), "best_of": (1,), "suffix": ("",), "logprobs": ()}
+_NEUTRAL_CHAT = {**_NEUTRAL_COMMON, "functions": ([],), "function_call": ("none",)}
+_NEUTRAL_COMPLETION = {**_NEUTRAL_COMMON, "echo": (False,), "best_of": (1,), "suffix": ("",)}
 _HINTS = {  # what offspec serve would need for the refused values
-    "tools": "tool calling is not supported", "tool_choice": "tool calling is not supported",
-    "functions": "function calling is not supported", "function_call": "function calling is not supported",
-    "logprobs": "log-probabilities are not returned", "top_logprobs": "log-probabilities are not returned",
+    "functions": "the deprecated functions API is not supported; send 'tools'",
+    "function_call": "the deprecated functions API is not supported; send 'tools' and 'tool_choice'",
     "echo": "the prompt is not echoed", "best_of": "one candidate is generated", "suffix": "insertion is not supported",
-    "response_format": "only plain text output is supported",
 }
+FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _EXPECTED = {"stop": "a string or a list of strings", "seed": "an integer within 64 bits",
              "stream_options": 'an object like {"include_usage": true}'}
 
@@ -153,27 +163,19 @@ def _options(body: _Common, max_tokens: Optional[int], default_max_tokens: int) 
 
 
 def _request(body: _Common, *, chat: bool, prompt: Any, max_tokens: Optional[int],
-             default_max_tokens: int) -> GenerationRequest:
-    options = _options(body, max_tokens, default_max_tokens)
+             default_max_tokens: int, extra: Optional[dict] = None, tools: Optional[ToolRequest] = None
+             ) -> GenerationRequest:
+    options = {**_options(body, max_tokens, default_max_tokens), **(extra or {})}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "'stream_options' is only allowed with stream: true", param="stream_options")
     return GenerationRequest(model=body.model, chat=chat, prompt=prompt, options=options, stream=bool(body.stream),
                              include_usage=include_usage, return_token_ids=bool(body.return_token_ids),
-                             user=body.user)
+                             user=body.user, tools=tools)
 
 
-def _message(i: int, message: Any) -> dict:
-    where = f"messages[{i}]"
-    if not isinstance(message, dict):
-        raise APIError(400, f"{where} must be an object with 'role' and 'content'", param="messages")
-    extra = set(message) - {"role", "content"}
-    if extra:
-        raise APIError(400, f"{where}: unsupported field(s) {', '.join(sorted(extra))} (offspec serve takes "
-                            f"'role' and 'content')", param="messages")
-    role, content = message.get("role"), message.get("content")
-    if role not in ("system", "user", "assistant"):
-        raise APIError(400, f"{where}.role must be system, user or assistant, got {role!r}", param="messages")
+def _text(where: str, content: Any) -> str:
+    """A message's content: a string, or a list of text parts (joined by newlines)."""
     if isinstance(content, list):  # content parts: only text
         texts = []
         for part in content:
@@ -185,7 +187,116 @@ def _message(i: int, message: Any) -> dict:
         content = "\n".join(texts)
     if not isinstance(content, str):
         raise APIError(400, f"{where}.content must be a string or a list of text parts", param="messages")
-    return {"role": role, "content": content}
+    return content
+
+
+_MESSAGE_FIELDS = {"system": {"role", "content"}, "developer": {"role", "content"}, "user": {"role", "content"},
+                   "assistant": {"role", "content", "tool_calls"}, "tool": {"role", "content", "tool_call_id", "name"}}
+
+
+def _message(i: int, message: Any) -> dict:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise APIError(400, f"{where} must be an object with 'role' and 'content'", param="messages")
+    role = message.get("role")
+    if role not in _MESSAGE_FIELDS:
+        raise APIError(400, f"{where}.role must be system, developer, user, assistant or tool, got {role!r}",
+                       param="messages")
+    extra = {k for k, v in message.items() if v is not None} - _MESSAGE_FIELDS[role]
+    if extra:
+        raise APIError(400, f"{where}: unsupported field(s) {', '.join(sorted(extra))} for a {role} message "
+                            f"(offspec serve takes {', '.join(sorted(_MESSAGE_FIELDS[role]))})", param="messages")
+    out = {"role": "system" if role == "developer" else role}
+    if role == "assistant" and message.get("tool_calls"):
+        out["tool_calls"] = _history_calls(where, message["tool_calls"])
+        out["content"] = _text(where, message["content"]) if message.get("content") is not None else ""
+    else:
+        out["content"] = _text(where, message.get("content"))
+    if role == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise APIError(400, f"{where}: a tool message needs 'tool_call_id', the id of the call it answers",
+                           param="messages")
+        out["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            out["name"] = message["name"]
+    return out
+
+
+def _history_calls(where: str, calls: Any) -> list[dict]:
+    """An assistant message's earlier tool calls, as OpenAI gives them (arguments as JSON text)."""
+    if not isinstance(calls, list):
+        raise APIError(400, f"{where}.tool_calls must be a list", param="messages")
+    out = []
+    for j, call in enumerate(calls):
+        f = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments"), str):
+            raise APIError(400, f"{where}.tool_calls[{j}] must be {{\"id\", \"type\": \"function\", \"function\": "
+                                f"{{\"name\", \"arguments\"}}}} with arguments as JSON text", param="messages")
+        try:
+            json.loads(f["arguments"])
+        except json.JSONDecodeError:
+            raise APIError(400, f"{where}.tool_calls[{j}].function.arguments is not valid JSON",
+                           param="messages") from None
+        out.append({"id": call.get("id"), "type": "function",
+                    "function": {"name": f["name"], "arguments": f["arguments"]}})
+    return out
+
+
+def _tools(body: _ChatBody) -> Optional[ToolRequest]:
+    """The request's tools and tool_choice, checked; None where it offers none."""
+    functions = []
+    for i, tool in enumerate(body.tools or []):
+        f = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not FUNCTION_NAME.match(f["name"]):
+            raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                                f"\"description\", \"parameters\"}}}} with a name of letters, digits, _ and - "
+                                f"(at most 64)", param="tools")
+        params = f.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object", param="tools")
+        functions.append({k: f[k] for k in ("name", "description", "parameters") if f.get(k) is not None})
+    names = [f["name"] for f in functions]
+    if len(set(names)) < len(names):
+        raise APIError(400, "tools: two functions have the same name", param="tools")
+    choice, name = body.tool_choice if body.tool_choice is not None else ("auto" if functions else "none"), None
+    if isinstance(choice, dict):
+        f = choice.get("function") if choice.get("type") == "function" else None
+        name = f.get("name") if isinstance(f, dict) else None
+        if name not in names:
+            raise APIError(400, f"tool_choice names {name!r}, which is not among the tools ({', '.join(names) or 'none'})",
+                           param="tool_choice")
+        choice = "function"
+    elif choice not in ("none", "auto", "required"):
+        raise APIError(400, f"tool_choice must be none, auto, required or {{\"type\": \"function\", \"function\": "
+                            f"{{\"name\": ...}}}}, got {json.dumps(choice)}", param="tool_choice")
+    if choice in ("required", "function") and not functions:
+        raise APIError(400, f"tool_choice {choice!r} needs 'tools'", param="tool_choice")
+    if not functions:
+        return None
+    return ToolRequest(tuple(functions), choice, name, body.parallel_tool_calls is not False)
+
+
+def _response_format(value: Optional[dict]) -> dict:
+    """Generator options for `response_format`: {"json_schema": ...} or nothing (plain text)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if value is None or kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_schema": True}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": "
+                                "{...}}}", param="response_format")
+        return {"json_schema": schema}
+    raise APIError(400, f"response_format type must be text, json_object or json_schema, got {json.dumps(kind)}",
+                   param="response_format")
+
+
+def _top(value: Optional[int], param: str) -> None:
+    if value is not None and (not 0 <= value <= MAX_TOP_LOGPROBS):
+        raise APIError(400, f"invalid value for '{param}': it must be in 0..{MAX_TOP_LOGPROBS}", param=param)
 
 
 def parse_chat(body: bytes, *, default_max_tokens: int) -> GenerationRequest:
@@ -200,7 +311,18 @@ def parse_chat(body: bytes, *, default_max_tokens: int) -> GenerationRequest:
         raise APIError(400, "'max_tokens' and 'max_completion_tokens' differ; send one of them",
                        param="max_completion_tokens")
     max_tokens = given.pop() if given else None
-    return _request(parsed, chat=True, prompt=messages, max_tokens=max_tokens, default_max_tokens=default_max_tokens)
+    tools = _tools(parsed)
+    extra = _response_format(parsed.response_format)
+    if extra and tools is not None and tools.choice != "none":
+        raise APIError(400, "response_format and tools cannot be combined (offspec serve holds the reply to one "
+                            "grammar); send tool_choice none, or leave one out", param="response_format")
+    _top(parsed.top_logprobs, "top_logprobs")
+    if parsed.top_logprobs and not parsed.logprobs:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if parsed.logprobs:
+        extra["logprobs"] = parsed.top_logprobs or 0
+    return _request(parsed, chat=True, prompt=messages, max_tokens=max_tokens, default_max_tokens=default_max_tokens,
+                    extra=extra, tools=tools)
 
 
 def parse_completion(body: bytes) -> GenerationRequest:
@@ -214,5 +336,9 @@ def parse_completion(body: bytes) -> GenerationRequest:
     if not (isinstance(prompt, str) or is_ids):
         raise APIError(400, "'prompt' must be a string, a list of token ids, or a list holding one of them "
                             "(offspec serve runs one prompt per request)", param="prompt")
+    extra = _response_format(parsed.response_format)
+    _top(parsed.logprobs, "logprobs")
+    if parsed.logprobs is not None:
+        extra["logprobs"] = parsed.logprobs
     return _request(parsed, chat=False, prompt=prompt, max_tokens=parsed.max_tokens,
-                    default_max_tokens=OPENAI_COMPLETION_MAX_TOKENS)
+                    default_max_tokens=OPENAI_COMPLETION_MAX_TOKENS, extra=extra)

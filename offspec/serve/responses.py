@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
-from offspec.types import GenerationResult
+from offspec.types import GenerationResult, TokenLogprob
+
+from .tools import Parsed, ToolCall
 
 # offspec's stop reasons -> OpenAI's finish_reason ("cancelled" never reaches a client that is still there)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
@@ -44,34 +46,71 @@ def speculation(result: GenerationResult, queued_seconds: float) -> dict:
 
 
 class Shape:
-    """The answers of one request: `chat.completion` (+ `.chunk`) or `text_completion`."""
+    """The answers of one request: `chat.completion` (+ `.chunk`) or `text_completion`. `token_bytes`: a token id's
+    bytes (log-probabilities name their tokens by them)."""
 
-    def __init__(self, chat: bool, model: str, return_token_ids: bool = False):
+    def __init__(self, chat: bool, model: str, return_token_ids: bool = False,
+                 token_bytes: Optional[Callable[[int], bytes]] = None):
         self.chat = chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.model = model
         self.created = int(time.time())
         self.return_token_ids = return_token_ids
+        self.token_bytes = token_bytes
+        self._offset = 0  # completions: the text offset of the next token's log-probability
+        self._calls = 0  # tool calls sent in the stream so far (the next one's index)
 
     def _envelope(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "system_fingerprint": None}
 
-    def _choice(self, text: Optional[str], finish: Optional[str], *, chunk: bool, role: bool = False) -> dict:
+    def _choice(self, text: Optional[str], finish: Optional[str], *, chunk: bool, role: bool = False,
+                logprobs: Optional[Sequence[TokenLogprob]] = None, calls: Sequence[ToolCall] = ()) -> dict:
         choice: dict = {"index": 0}
         if not self.chat:
             choice["text"] = text or ""
         elif chunk:
             choice["delta"] = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
+            if calls:
+                choice["delta"]["tool_calls"] = [c.openai(index=i) for i, c in enumerate(calls, start=self._calls)]
+                self._calls += len(calls)
         else:
             choice["message"] = {"role": "assistant", "content": text}
-        choice.update(logprobs=None, finish_reason=finish)
+            if calls:
+                choice["message"]["tool_calls"] = [c.openai() for c in calls]
+        choice.update(logprobs=self._logprobs(logprobs) if logprobs is not None else None, finish_reason=finish)
         return choice
 
-    def whole(self, result: GenerationResult, queued_seconds: float) -> dict:
-        """A non-streamed answer."""
-        choice = self._choice(result.text, finish_reason(result), chunk=False)
+    def _token(self, token: int) -> tuple[str, list[int]]:
+        data = self.token_bytes(token) if self.token_bytes is not None else b""
+        return data.decode("utf-8", errors="replace"), list(data)
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprob]) -> dict:
+        """OpenAI's `logprobs` object: chat's {"content": [...]}, or completions' parallel lists."""
+        if self.chat:
+            content = []
+            for lp in logprobs:
+                text, data = self._token(lp.token)
+                top = [dict(zip(("token", "bytes"), self._token(t)), logprob=v) for t, v in lp.top]
+                content.append({"token": text, "logprob": lp.logprob, "bytes": data, "top_logprobs": top})
+            return {"content": content, "refusal": None}
+        tokens, offsets = [], []
+        for lp in logprobs:
+            tokens.append(self._token(lp.token)[0])
+            offsets.append(self._offset)
+            self._offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [{self._token(t)[0]: v for t, v in lp.top} for lp in logprobs],
+                "text_offset": offsets}
+
+    def whole(self, result: GenerationResult, queued_seconds: float, parsed: Optional[Parsed] = None) -> dict:
+        """A non-streamed answer; `parsed`: its tool calls (and the text beside them)."""
+        if parsed is not None:
+            choice = self._choice(parsed.content, "tool_calls", chunk=False, calls=parsed.calls,
+                                  logprobs=result.logprobs)
+        else:
+            choice = self._choice(result.text, finish_reason(result), chunk=False, logprobs=result.logprobs)
         if self.return_token_ids:
             choice["token_ids"] = list(result.token_ids)
         return self._envelope(False) | {"choices": [choice], "usage": usage(result),
@@ -81,12 +120,16 @@ class Shape:
         """A stream's first chunk: the role (chat), or an empty text (completions)."""
         return self._envelope(True) | {"choices": [self._choice("", None, chunk=True, role=True)]}
 
-    def text_chunk(self, text: str) -> dict:
-        return self._envelope(True) | {"choices": [self._choice(text, None, chunk=True)]}
+    def text_chunk(self, text: str, logprobs: Optional[Sequence[TokenLogprob]] = None) -> dict:
+        return self._envelope(True) | {"choices": [self._choice(text, None, chunk=True, logprobs=logprobs)]}
 
-    def last_chunk(self, result: GenerationResult, queued_seconds: float) -> dict:
+    def tool_chunk(self, calls: Sequence[ToolCall]) -> dict:
+        """Tool calls, each whole (name and arguments), as `delta.tool_calls`."""
+        return self._envelope(True) | {"choices": [self._choice(None, None, chunk=True, calls=calls)]}
+
+    def last_chunk(self, result: GenerationResult, queued_seconds: float, finish: Optional[str] = None) -> dict:
         """The chunk with the finish_reason and the `offspec` statistics (token ids when asked for)."""
-        choice = self._choice(None, finish_reason(result), chunk=True)
+        choice = self._choice(None, finish or finish_reason(result), chunk=True)
         if self.return_token_ids:
             choice["token_ids"] = list(result.token_ids)
         return self._envelope(True) | {"choices": [choice], "offspec": speculation(result, queued_seconds)}

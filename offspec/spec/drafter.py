@@ -17,6 +17,7 @@ import torch
 
 from offspec.config import TreeConfig
 
+from .grammar import GrammarPaths
 from .runner import ModelRunner
 from .sampling import draft_logprobs
 from .tree import DraftTree
@@ -26,8 +27,10 @@ class Drafter(Protocol):
     kind: str  # what built the last tree: "model", "suffix" or "hybrid" (PassStats.drafter)
     caught_up: int  # committed tokens the last proposal's draft model processed before growing (PassStats.caught_up)
 
-    def propose(self, tokens: list[int], tree: TreeConfig, temperature: float) -> DraftTree:
-        """Build a tree whose root is `tokens[-1]` (the last committed token)."""
+    def propose(self, tokens: list[int], tree: TreeConfig, temperature: float,
+                grammar: Optional[GrammarPaths] = None) -> DraftTree:
+        """Build a tree whose root is `tokens[-1]` (the last committed token). `grammar`: the output is constrained,
+        and this is the grammar's state at the root: propose only tokens it allows (the target never takes others)."""
 
     def observe(self, accepted: list[int], n_committed: int) -> None:
         """The target accepted tree nodes `accepted` (root first); `n_committed` tokens are now committed."""
@@ -102,9 +105,11 @@ class TreeDrafter:
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], config: TreeConfig, temperature: float,
-                rival: Optional[torch.Tensor] = None) -> DraftTree:
+                rival: Optional[torch.Tensor] = None, grammar: Optional[GrammarPaths] = None) -> DraftTree:
         """Grow the tree. `rival` (r,): scores of other candidates for the same budget (a hybrid's suffix
-        nodes): growth stops once no open node can beat the `budget`-th best of both (see `can_improve`)."""
+        nodes): growth stops once no open node can beat the `budget`-th best of both (see `can_improve`).
+        `grammar`: each expanded node's children are the draft's likeliest tokens among those the grammar allows
+        after its path (the draft's distribution renormalized over them)."""
         runner, tree = self.runner, self._tree_for(config)
         n_committed = len(tokens)
         if runner.length >= n_committed:  # the root's draft logits are needed: re-run it
@@ -113,7 +118,8 @@ class TreeDrafter:
         hidden = runner.extend(tokens[runner.length :])  # (hidden,) of the root: catch up on new tokens
         tree.reset(tokens[-1])
         tree.expanded[0] = True
-        self._add_children(tree, torch.zeros(1, dtype=torch.long, device=runner.device), hidden[None], config, temperature)
+        self._add_children(tree, torch.zeros(1, dtype=torch.long, device=runner.device), hidden[None], config,
+                           temperature, grammar)
         self._base = n_committed
         next_slot = n_committed  # first free scratch slot
         root_pos = n_committed - 1
@@ -134,15 +140,43 @@ class TreeDrafter:
             visible[:, :n_committed] = True
             visible[:, tree.slots[with_slot]] = tree.ancestors[frontier][:, with_slot]
             hidden = runner.forward(tree.tokens[frontier], root_pos + tree.depths[frontier], slots, visible)
-            self._add_children(tree, frontier, hidden, config, temperature)
+            self._add_children(tree, frontier, hidden, config, temperature, grammar)
         return tree
 
     def _add_children(self, tree: DraftTree, parents: torch.Tensor, hidden: torch.Tensor, config: TreeConfig,
-                      temperature: float) -> None:
-        logp = draft_logprobs(self.runner.logits(hidden), temperature)  # (k, V) or (k, n) of a reduced head
+                      temperature: float, grammar: Optional[GrammarPaths]) -> None:
+        logits = self.runner.logits(hidden)  # (k, V) or (k, n) of a reduced head
+        if grammar is not None:
+            logits = self._allowed_only(logits, tree, parents, grammar)
+        logp = draft_logprobs(logits, temperature)
+        if grammar is not None:
+            logp = logp.nan_to_num_(nan=float("-inf"))  # a row that allows nothing: no children
         top = torch.topk(logp, min(config.branch, logp.shape[-1]), dim=-1)  # (k, branch)
         tree.add_children(parents, self.runner.token_ids(top.indices), top.values)
         tree.trim(config.budget)
+
+    def _allowed_only(self, logits: torch.Tensor, tree: DraftTree, parents: torch.Tensor,
+                      grammar: GrammarPaths) -> torch.Tensor:
+        """`logits` of the expanded nodes `parents` with the tokens the grammar forbids after each one's path at
+        -inf."""
+        n = tree.n
+        tokens, up = tree.tokens[:n].tolist(), tree.parents[:n].tolist()  # sync: the grammar walks paths on the host
+        paths = []
+        for node in parents.tolist():
+            path = []
+            while node > 0:
+                path.append(tokens[node])
+                node = up[node]
+            paths.append(path[::-1])
+        allowed = grammar.allowed_after(paths)  # (k, target vocabulary) bool
+        ids = self.runner.vocab_ids  # a reduced head's token ids (None: its rows are the token ids)
+        if ids is not None:
+            allowed = allowed[:, ids.cpu()]
+        elif allowed.shape[1] != logits.shape[1]:  # a draft whose head has more or fewer rows than the target's
+            width = logits.shape[1]
+            allowed = allowed[:, :width] if allowed.shape[1] >= width else torch.nn.functional.pad(
+                allowed, (0, width - allowed.shape[1]))
+        return logits.float().masked_fill(~allowed.to(logits.device), float("-inf"))
 
     def observe(self, accepted: list[int], n_committed: int) -> None:
         """Keep the accepted nodes the draft already processed (a prefix of the path) in its cache."""

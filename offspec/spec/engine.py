@@ -155,7 +155,8 @@ class SpeculativeEngine:
                              confident_budget=min(config.confident_budget, room))
 
         t0 = _clock(device)
-        tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature)
+        grammar = chooser.grammar.paths() if chooser.grammar is not None else None  # the output's grammar at the root
+        tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature, grammar=grammar)
         t1 = _clock(device)
         io0 = target.io_counters()
 

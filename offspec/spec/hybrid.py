@@ -27,6 +27,7 @@ from offspec.config import DRAFTERS, SuffixConfig, TreeConfig
 from offspec.errors import OffspecError
 
 from .drafter import TreeDrafter
+from .grammar import GrammarPaths
 from .mapped_drafter import MappedDrafter
 from .suffix_drafter import SuffixDrafter
 from .tree import DraftTree, merge_trees
@@ -66,27 +67,29 @@ class HybridDrafter:
         return mode
 
     # --- the Drafter interface -------------------------------------------------------------------
-    def propose(self, tokens: list[int], config: TreeConfig, temperature: float) -> DraftTree:
+    def propose(self, tokens: list[int], config: TreeConfig, temperature: float,
+                grammar: Optional[GrammarPaths] = None) -> DraftTree:
         mode = self.check_mode(config.drafter)
         self._source, self.caught_up = None, 0
         if mode == "model":
             self.kind, self._ran_model = "model", True
-            tree = self.model.propose(tokens, config, temperature)
+            tree = self.model.propose(tokens, config, temperature, grammar=grammar)
             self.caught_up = self.model.caught_up
             return tree
         if mode == "hybrid" and config.pass_cost is not None and config.model_expectation is not None:
-            alone = self._suffix_alone(tokens, config, temperature)
+            alone = self._suffix_alone(tokens, config, temperature, grammar)
             if alone is not None:
                 self.kind, self._ran_model = "suffix", False
                 return alone
-            suffix_tree = self.suffix.propose(tokens, config, temperature, alone=False)  # the candidates to merge
+            suffix_tree = self.suffix.propose(tokens, config, temperature, alone=False,  # the candidates to merge
+                                              grammar=grammar)
         else:
-            suffix_tree = self.suffix.propose(tokens, config, temperature, alone=mode == "suffix")
+            suffix_tree = self.suffix.propose(tokens, config, temperature, alone=mode == "suffix", grammar=grammar)
             if mode == "suffix" or self.suffix.confident:
                 self.kind, self._ran_model = "suffix", False
                 return suffix_tree
         rival = suffix_tree.scores[1 : suffix_tree.n]  # (r,) the suffix candidates' scores
-        model_tree = self.model.propose(tokens, config, temperature, rival=rival)
+        model_tree = self.model.propose(tokens, config, temperature, rival=rival, grammar=grammar)
         self.caught_up = self.model.caught_up
         out = self._out_for(config.budget)
         self._source = merge_trees(model_tree, suffix_tree, config.budget, out).tolist()  # sync: observe() reads it
@@ -130,7 +133,8 @@ class HybridDrafter:
         """The suffix drafter's index over earlier generations of the session: on, or off (e.g. benchmarks)."""
         self.suffix.use_history(enabled)
 
-    def _suffix_alone(self, tokens: list[int], config: TreeConfig, temperature: float) -> Optional[DraftTree]:
+    def _suffix_alone(self, tokens: list[int], config: TreeConfig, temperature: float,
+                      grammar: Optional[GrammarPaths]) -> Optional[DraftTree]:
         """The suffix candidates that pay on their own (up to `confident_budget`, cut by `pass_cost`, as a gated
         suffix pass proposes them) where the match is confident (the tree a confident match proposes: a tree of
         `confident_budget` nodes is never deeper than that) or that pass is expected to make more tokens per second
@@ -138,7 +142,7 @@ class HybridDrafter:
         the sum of its candidates' chances (offspec/spec/gain.py), the model's the plan's."""
         nodes = max(config.budget, config.confident_budget)
         alone = replace(config, budget=nodes, confident_budget=nodes, max_depth=nodes)
-        tree = self.suffix.propose(tokens, alone, temperature, alone=True)
+        tree = self.suffix.propose(tokens, alone, temperature, alone=True, grammar=grammar)
         cost, (accepted, draft) = config.pass_cost, config.model_expectation
         suffix_rate = self.suffix.expected / cost.seconds(tree.n - 1, self.suffix.expected)
         model_rate = (1.0 + accepted) / (draft + cost.seconds(config.budget, 1.0 + accepted))

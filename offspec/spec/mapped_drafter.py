@@ -20,6 +20,7 @@ import torch
 from offspec.config import TreeConfig
 
 from .drafter import TreeDrafter
+from .grammar import GrammarPaths
 from .runner import ModelRunner
 from .tree import DraftTree
 from .xvocab import TRAILING, DraftContext, MappedTree, VocabMapping, map_tree
@@ -76,9 +77,11 @@ class MappedDrafter:
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], config: TreeConfig, temperature: float,
-                rival: Optional[torch.Tensor] = None) -> DraftTree:
+                rival: Optional[torch.Tensor] = None, grammar: Optional[GrammarPaths] = None) -> DraftTree:
         """The draft's tree grown on its own tokens (`rival` as `TreeDrafter.propose` takes it), mapped to a tree of
-        target tokens whose root is `tokens[-1]`."""
+        target tokens whose root is `tokens[-1]`. `grammar`: the mapped nodes the output's grammar forbids (and
+        their descendants) are left out (the draft grows its own tree unconstrained: the grammar is over the
+        target's tokens)."""
         view, kept = self._sync(tokens)
         self.runner.cache.truncate(kept)
         out = self._out_for(config.budget)
@@ -94,6 +97,8 @@ class MappedDrafter:
         pending = self.context.pending
         mapped = map_tree(self.mapping, draft_tokens, draft_parents, tree.scores[:n].tolist(), pending,
                           config.budget, self.trailing)
+        if grammar is not None:
+            mapped = _allowed(mapped, grammar)
         if mapped.tokens:
             out.add_nodes(torch.tensor(mapped.parents), torch.tensor(mapped.tokens), torch.tensor(mapped.scores))
         self._last = (draft_tokens, draft_parents, mapped, pending, len(view))
@@ -127,3 +132,17 @@ class MappedDrafter:
         if self._out is None or self._out.capacity != budget + 1:
             self._out = DraftTree(budget + 1, self.runner.device)
         return self._out
+
+
+def _allowed(mapped: MappedTree, grammar: GrammarPaths) -> MappedTree:
+    """`mapped` without the nodes the grammar forbids (a forbidden node's descendants are forbidden too)."""
+    ok = grammar.allowed_nodes(mapped.tokens, [p - 1 for p in mapped.parents])
+    new_index = {0: 0}  # mapped node (0: the root, k: tokens[k - 1]) -> kept node
+    tokens, parents, scores = [], [], []
+    for k, keep in enumerate(ok, start=1):
+        if keep:
+            new_index[k] = len(tokens) + 1
+            tokens.append(mapped.tokens[k - 1])
+            parents.append(new_index[mapped.parents[k - 1]])
+            scores.append(mapped.scores[k - 1])
+    return MappedTree(tokens=tokens, parents=parents, scores=scores, texts=mapped.texts)

@@ -147,6 +147,13 @@ class ModelRunner:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
 
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        """The width of `logits`' last dimension (the rows of the LM head)."""
+        head = self.lm_head
+        size = getattr(head, "out_features", None)
+        return int(size) if size is not None else int(head.weight.shape[0])
+
     @property
     def vocab_ids(self) -> Optional[torch.Tensor]:
         """(n,) the token ids `logits` scores, in its order, for a reduced head; None for a whole one."""

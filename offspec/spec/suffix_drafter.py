@@ -38,6 +38,7 @@ import torch
 from offspec.config import SuffixConfig, TreeConfig
 
 from .gain import ContinuationRates, best_prefix
+from .grammar import GrammarPaths
 from .suffix_index import Match, SuffixIndex, continuations
 from .tree import DraftTree
 
@@ -91,11 +92,12 @@ class SuffixDrafter:
             self.history = SuffixIndex(self.config.key_length, max_tokens=self.config.global_tokens)
 
     def propose(self, tokens: Sequence[int], config: TreeConfig, temperature: float = 0.0,
-                alone: bool = True) -> DraftTree:
+                alone: bool = True, grammar: Optional[GrammarPaths] = None) -> DraftTree:
         """At most `config.budget` continuations of the longest matching suffix of `tokens`; up to
         `config.confident_budget` when the match is long and its best continuation clear (`confident`).
         `alone`: the tree is verified as it is (False: the hybrid merges it with the model's unless confident);
-        such a tree is cut to the candidates that pay when `config.pass_cost` is set (see the module doc)."""
+        such a tree is cut to the candidates that pay when `config.pass_cost` is set (see the module doc).
+        `grammar`: only the continuations the output's grammar allows are proposed."""
         self.conversation.extend(tokens[self.conversation.end :])  # the tokens committed since the last pass
         self.expected = 1.0
         occurrences, m = self._longest(tokens)
@@ -113,8 +115,11 @@ class SuffixDrafter:
         depth = min(cap, max(1, math.ceil(c.spec_factor * m)))
         cont = continuations(occurrences, budget, depth)
         keep = list(range(len(cont.tokens)))  # candidates proposed, in tree order (parents first)
+        if grammar is not None:  # a forbidden candidate's descendants are forbidden too: `keep` stays a tree
+            allowed = grammar.allowed_nodes(cont.tokens, cont.parents)
+            keep = [i for i in keep if allowed[i]]
         if verified and config.pass_cost is not None:
-            keep = self._paying(cont, m, config)
+            keep = self._paying(cont, m, config, keep)
         new_index = {-1: 0}  # candidate -> tree node (the root is node 0)
         for i in keep:
             new_index[i] = len(new_index)
@@ -135,11 +140,11 @@ class SuffixDrafter:
             probs.append(q * (k / cont.total if p < 0 else probs[p] * (k / cont.counts[p])))
         return probs
 
-    def _paying(self, cont, m: int, config: TreeConfig) -> list[int]:
-        """The candidates worth verifying under `config.pass_cost`, most probable first (parents first:
-        a child is never more probable than its parent, and the sort is stable)."""
+    def _paying(self, cont, m: int, config: TreeConfig, among: Sequence[int]) -> list[int]:
+        """The candidates of `among` (in tree order) worth verifying under `config.pass_cost`, most probable first
+        (parents first: a child is never more probable than its parent, and the sort is stable)."""
         probs = self._probabilities(cont, m)
-        order = sorted(range(len(probs)), key=lambda i: -probs[i])
+        order = sorted(among, key=lambda i: -probs[i])
         n = best_prefix([probs[i] for i in order], config.pass_cost)
         self.expected = 1.0 + sum(probs[i] for i in order[:n])
         return order[:n]

@@ -14,15 +14,23 @@ MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": 
             {"role": "user", "content": "Hi"}]
 
 
-def exact_two_token_distribution(gen, prompt_ids, sampling):
-    """P(t1, t2) of the target alone, from plain full-sequence forwards (no cache, no tree)."""
+def exact_two_token_distribution(gen, prompt_ids, sampling, allowed=None):
+    """P(t1, t2) of the target alone, from plain full-sequence forwards (no cache, no tree). `allowed(prefix)`: the
+    (V,) bool mask of the tokens a grammar allows after the generated `prefix` (None: every token)."""
     model = gen.engine.target.model
     chooser = TokenChooser(sampling, torch.device("cpu"))
+
+    def probs(prefix):
+        logits = model(torch.tensor([prompt_ids + prefix])).logits[0, -1].float()
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed(prefix)[: logits.shape[-1]], float("-inf"))
+        return chooser.probs(logits)
+
     dist = {}
     with torch.no_grad():
-        p1 = chooser.probs(model(torch.tensor([prompt_ids])).logits[0, -1])
+        p1 = probs([])
         for t1 in torch.nonzero(p1 > 0).flatten().tolist():
-            p2 = chooser.probs(model(torch.tensor([prompt_ids + [t1]])).logits[0, -1])
+            p2 = probs([t1])
             for t2 in torch.nonzero(p2 > 0).flatten().tolist():
                 dist[(t1, t2)] = float(p1[t1] * p2[t2])
     return dist
