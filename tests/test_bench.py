@@ -234,3 +234,29 @@ def test_resume_compares_the_thread_setting_not_the_governed_count(tiny_pair, tm
     (tmp_path / "bench.json").write_text(json.dumps(saved))
     with pytest.raises(OffspecError, match="measured with threads 2, this run has 1"):
         run_bench(tiny_pair, ["Hello"], setups, max_new_tokens=4, temperature=0.0, out_dir=tmp_path, resume=True)
+
+
+def test_a_json_schema_bench_holds_every_setup_but_the_free_ones(tiny_pair, tmp_path):
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "yy"]}, "b": {"type": "integer", "maximum": 9,
+                                                                                 "minimum": 0}},
+              "required": ["a", "b"], "additionalProperties": False}
+    setups = parse_setups("ar,suffix:8,free:ar,free:suffix:8", TreeConfig())
+    assert [s.name for s in setups] == ["ar", "free-ar", "suffix8", "free-suffix8"]
+    report = run_bench(tiny_pair, ["Hello", "ab ab"], setups, max_new_tokens=40, temperature=0.0, out_dir=tmp_path,
+                       json_schema=schema)
+    held, free = report["setups"]["suffix8"], report["setups"]["free-suffix8"]
+    assert held["greedy_mismatches"] == 0 and free["greedy_mismatches"] == 0  # each against its own ar
+    assert held["json_parses"] == 2 and "json_parses" not in free
+    assert report["setups"]["ar"]["runs"][0]["token_ids"] != report["setups"]["free-ar"]["runs"][0]["token_ids"]
+    assert report["json_schema"] is not None
+    with pytest.raises(OffspecError, match="json_schema"):  # a resumed run must hold the same schema
+        run_bench(tiny_pair, ["Hello", "ab ab"], setups, max_new_tokens=40, temperature=0.0, out_dir=tmp_path,
+                  resume=True)
+
+
+def test_the_json_prompt_set_ships_ten_prompts_and_their_schema():
+    prompts = read_prompts(ROOT / "offspec" / "data" / "json_prompts.jsonl")
+    schema = json.loads((ROOT / "offspec" / "data" / "json_schema.json").read_text())
+    assert len(prompts) == 10 and all(json.dumps(schema) in p for p in prompts)
+    text = json.dumps(schema)  # nested objects, enums and arrays
+    assert text.count('"properties"') >= 3 and '"enum"' in text and '"items"' in text

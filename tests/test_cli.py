@@ -51,3 +51,28 @@ def test_bad_input_is_one_line_without_traceback(tiny_dirs):
         assert "Traceback" not in proc.stderr
         lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
         assert len(lines) == 1, proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_follows_a_json_schema_file_and_prints_log_probabilities(tiny_dirs, tmp_path):
+    target, draft = tiny_dirs[("qwen2", 0)]
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"k": {"enum": ["v", "w"]}}, "required": ["k"],
+                                  "additionalProperties": False}))
+    common = ["generate", "--target", str(target), "--draft", str(draft), "--json", "--max-new-tokens", "20",
+              "--budget", "8", "Hello"]
+    proc = run(*common, "--json-schema", str(schema), "--logprobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert json.loads(out["text"])["k"] in ("v", "w") and out["stop_reason"] == "eos"
+    assert len(out["logprobs"]) == len(out["token_ids"]) and len(out["logprobs"][0]["top"]) == 2
+    grammar = tmp_path / "g.lark"
+    grammar.write_text('start: "yes" | "no"\n')
+    proc = run(*common, "--grammar", str(grammar))
+    assert proc.returncode == 0 and json.loads(proc.stdout)["text"] in ("yes", "no"), proc.stderr
+    for args, message in ((["--json-schema", str(tmp_path / "none.json")], "not found"),
+                          (["--json-schema", str(grammar)], "not valid JSON"),
+                          (["--logprobs", "30"], "logprobs must be"),
+                          (["--json-schema", "object", "--grammar", str(grammar)], "not both")):
+        proc = run(*common, *args)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -194,3 +194,26 @@ def test_real_cross_family_pair_is_lossless_and_accepts(shared_default_pair):
     spec = gen.generate(prompt, max_new_tokens=64, budget=32, drafter="model")
     assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 64
     assert spec.tokens_per_pass > 1.5, spec.tokens_per_pass
+
+
+def test_mapped_proposals_the_grammar_forbids_are_left_out_and_greedy_stays_the_targets(twin_pair, monkeypatch):
+    """Under a JSON schema the mapped tree (target tokens, through text) holds only nodes the grammar allows, and
+    greedy output equals the target alone's under the same schema."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "kind": {"enum": ["cat", "cell"]}},
+              "required": ["name", "kind"], "additionalProperties": False}
+    mapped = twin_pair.engine.drafter.model
+    checked = []
+    propose = mapped.propose
+
+    def spy(tokens, config, temperature, rival=None, grammar=None):
+        tree = propose(tokens, config, temperature, rival=rival, grammar=grammar)
+        n = tree.n
+        checked.append(grammar.allowed_nodes(tree.tokens[1:n].tolist(), [p - 1 for p in tree.parents[1:n].tolist()]))
+        return tree
+
+    monkeypatch.setattr(mapped, "propose", spy)
+    plain = twin_pair.generate(PROMPTS[0], max_new_tokens=40, speculate=False, json_schema=schema)
+    spec = twin_pair.generate(PROMPTS[0], max_new_tokens=40, budget=16, drafter="model", json_schema=schema)
+    assert spec.token_ids == plain.token_ids and spec.tokens_per_pass > 1.0  # the draft grows unconstrained
+    assert checked and sum(map(len, checked)) > 0 and all(all(ok) for ok in checked)
