@@ -4,9 +4,9 @@ from offspec.util.threads import openmp_env_defaults as _openmp_env_defaults
 
 _openmp_env_defaults()  # first, before anything imports torch: OpenMP threads wait passively (offspec/util/threads.py)
 
-from .config import GenerationConfig, LoadConfig, SamplingConfig, TreeConfig
+from .config import GenerationConfig, LoadConfig, OutputConfig, SamplingConfig, TreeConfig
 from .errors import OffspecError
-from .types import GenerationResult, ModelInfo, PassStats, TextDelta, TreeSnapshot
+from .types import GenerationResult, ModelInfo, PassStats, TextDelta, TokenLogprob, TreeSnapshot
 from .version import __version__  # noqa: E402
 
 
@@ -17,5 +17,5 @@ def load(target=None, draft=None, **options):
     return _load(target, draft, **options)
 
 
-__all__ = ["load", "OffspecError", "TreeConfig", "SamplingConfig", "GenerationConfig", "LoadConfig",
-           "GenerationResult", "PassStats", "TextDelta", "TreeSnapshot", "ModelInfo", "__version__"]
+__all__ = ["load", "OffspecError", "TreeConfig", "SamplingConfig", "GenerationConfig", "LoadConfig", "OutputConfig",
+           "GenerationResult", "PassStats", "TextDelta", "TokenLogprob", "TreeSnapshot", "ModelInfo", "__version__"]

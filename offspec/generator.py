@@ -16,8 +16,7 @@ from offspec.spec.engine import SpeculativeEngine
 from offspec.spec.grammar import TokenGrammar, grammar_tokenizer, json_schema_grammar, lark_grammar
 from offspec.spec.sampling import TokenChooser
 
-from .config import (GenerationConfig, OutputConfig, TreeConfig, budget_room_error,
-                     generation_configs)
+from .config import GenerationConfig, OutputConfig, TreeConfig, budget_room_error, generation_configs
 from .errors import OffspecError
 from .types import GenerationResult, ModelInfo, PassStats, Prompt, StreamEvent, TextDelta, TokenLogprob
 

@@ -14,6 +14,7 @@ about 0.1 ms a mask for a JSON schema over Qwen2.5's 152k tokens. Its tokenizer 
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any, Iterable, Optional, Sequence, Union
 
@@ -59,8 +60,6 @@ def grammar_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: Iterable[int]) -
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise OffspecError("constrained output needs a fast (tokenizers) tokenizer, and this model's is a slow one")
-    import copy
-
     backend = copy.copy(backend)  # the settings below stay off the generator's own tokenizer
     backend.no_padding()
     backend.no_truncation()
@@ -78,15 +77,18 @@ class TokenGrammar:
         self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if self._matcher.is_error():
             raise OffspecError(f"the output grammar cannot be used: {_first_line(self._matcher.get_error())}")
-        self._bits: Optional[bytes] = None  # the mask at the current state, computed once (packed, as llguidance gives it)
-        self._allowed: Optional[torch.Tensor] = None  # ... and unpacked
+        self._bits: Optional[bytes] = None  # the mask at the current state (packed, as llguidance gives it) ...
+        self._allowed: Optional[torch.Tensor] = None  # ... and unpacked: each computed once per state
+
+    def _packed(self) -> bytes:
+        if self._bits is None:
+            self._bits = self._matcher.compute_bitmask()
+        return self._bits
 
     def allowed(self) -> torch.Tensor:
         """(vocab_size,) bool: the tokens the grammar allows next."""
         if self._allowed is None:
-            if self._bits is None:
-                self._bits = self._matcher.compute_bitmask()
-            self._allowed = unpack(self._bits, self.vocab_size)
+            self._allowed = unpack(self._packed(), self.vocab_size)
         return self._allowed
 
     def advance(self, token: int) -> None:
@@ -103,9 +105,7 @@ class TokenGrammar:
 
     def paths(self) -> "GrammarPaths":
         """Masks and checks along token paths from the current state (a drafter's tree), on a copy of the state."""
-        if self._bits is None:
-            self._bits = self._matcher.compute_bitmask()
-        return GrammarPaths(self._matcher.deep_copy(), self.vocab_size, self._bits)
+        return GrammarPaths(self._matcher.deep_copy(), self.vocab_size, self._packed())
 
 
 class GrammarPaths:
