@@ -17,7 +17,10 @@ start, with an online softmax whose every step is a function of one row: scores 
 - `_tail`: per query and KV head (its group of heads as the rows), the remaining chunks: the prefix's last partial
   chunk followed by the query's gathered tail keys; then it normalizes and writes the output.
 
-The two parts continue one chain, so where a pass splits the chain (P) does not change a row's bits.
+The two parts continue one chain, so where a pass splits the chain (P) does not change a row's bits. They are two
+kernels, so both are compiled without contraction (launch.py): with it, the PTX assembler fused `s * scale - max`
+into one fma in `_prefix` (whose key mask is constant) and not in `_tail`, and a row's chain rounded differently
+depending on where the pass split it (the float32 tree-node failure on an H100; tests/test_gpu_aot.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from .blocks import triton
+from .launch import launch
 
 BLOCK_N = 64  # keys per chunk of the softmax (the chain's granularity: the same in every pass)
 PREFIX_ROWS = 64  # (query, head) rows per program of the prefix part
@@ -57,7 +61,9 @@ if triton is not None:
         l_i = l_i * alpha + tl.max(row_sum, axis=1)  # every column of row_sum is the row's sum
         return m_new, l_i, acc
 
-    @triton.jit(do_not_specialize=["M"])
+    # the row count and the caches' capacity are not specialized on (a capacity divisible by 16 or not would be
+    # another compiled kernel; the warm-up's probe launches the kernels a model's passes will)
+    @triton.jit(do_not_specialize=["M", "cap"])
     def _prefix(q_ptr, k_ptr, v_ptr, prefix_ptr, m_ptr, l_ptr, acc_ptr, M, cap, qk_scale,
                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr):
@@ -85,7 +91,7 @@ if triton is not None:
         tl.store(l_ptr + state, l_i, mask=rmask)
         tl.store(acc_ptr + state[:, None] * D + d[None, :], acc, mask=rmask[:, None])
 
-    @triton.jit(do_not_specialize=["stride_g"])
+    @triton.jit(do_not_specialize=["cap", "stride_g"])
     def _tail(q_ptr, k_ptr, v_ptr, prefix_ptr, gather_ptr, count_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, cap, stride_g,
               qk_scale, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
               IEEE: tl.constexpr):
@@ -165,10 +171,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, keys: 
     ieee = q.dtype == torch.float32
     qk_scale = float(scale) * LOG2E
     gather = keys.gather if keys.gather.shape[1] else keys.gather.new_zeros((m, 1))
-    _prefix[(triton.cdiv(m * group, PREFIX_ROWS), kv_heads)](
-        q, k_cache, v_cache, keys.prefix, row_max, row_sum, acc, m, cap, qk_scale, H=heads, G=group, D=d,
-        R=PREFIX_ROWS, BN=block_n, IEEE=ieee)
-    _tail[(m, kv_heads)](q, k_cache, v_cache, keys.prefix, gather, keys.count, row_max, row_sum, acc, out, cap,
-                         gather.stride(0), qk_scale, H=heads, G=group, GP=max(16, _pow2(group)), D=d, BN=block_n,
-                         IEEE=ieee)
+    launch(_prefix, (triton.cdiv(m * group, PREFIX_ROWS), kv_heads), q, k_cache, v_cache, keys.prefix, row_max,
+           row_sum, acc, m, cap, qk_scale, H=heads, G=group, D=d, R=PREFIX_ROWS, BN=block_n, IEEE=ieee)
+    launch(_tail, (m, kv_heads), q, k_cache, v_cache, keys.prefix, gather, keys.count, row_max, row_sum, acc, out,
+           cap, gather.stride(0), qk_scale, H=heads, G=group, GP=max(16, _pow2(group)), D=d, BN=block_n, IEEE=ieee)
     return out
