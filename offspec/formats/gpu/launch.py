@@ -81,7 +81,13 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     if recorder is not None:
         recorder[1].append(Launch(kernel, tuple(grid), args, kwargs))
         return
-    kernel[grid](*args, **kwargs)
+    _run(Launch(kernel, tuple(grid), args, kwargs))
+
+
+def _run(launch_: Launch) -> None:
+    """Triton compiles the kernel for these arguments at its first launch, checks it against the card (shared
+    memory, registers: OutOfResources) and runs it (tests replace this to inject a card's refusal)."""
+    launch_.kernel[launch_.grid](*launch_.args, **launch_.kwargs)
 
 
 def card(device: torch.device) -> Card:
