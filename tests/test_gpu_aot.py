@@ -138,7 +138,7 @@ def test_tiles_follow_the_cards_shared_memory():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("card", CARD_NAMES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_every_configuration_fits_every_card(card, dtype):
     """Every type's linear at each tiling (with and without a bias), its decode, and the layer kernels of heads of
     64 and 128, for one card and dtype (about a minute each, more in float32)."""
@@ -164,7 +164,7 @@ def test_every_configuration_fits_every_card(card, dtype):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("card", ("sm_80", "sm_90"))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_every_types_linear_runs_one_arithmetic_at_every_row_count(card, dtype):
     from offspec.formats.gpu.launch import CARDS
 

@@ -14,7 +14,7 @@ contraction). Triton's compiler and its bundled ptxas run on a CPU.
   rounding and types: `mma.sync...`, `fma.rn.f32`, `add.rn.f32`, `cvt.rn.bf16x2.f32`, ...).
 
 Used by tests/test_gpu_aot.py (every configuration within sm_80 to sm_90's limits; one arithmetic at every row
-count) and `offspec doctor`'s kernel check is the real launch on the user's card (probe.py).
+count). On the user's card the check is the real launch, once, at load (probe.py).
 """
 
 from __future__ import annotations
