@@ -30,7 +30,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-bounded() { local s=$1; shift; [ "$s" -gt 5 ] && timeout "$s" "$@" || { echo "gpu_check: no time left for $*"; return 124; }; }
+bounded() {  # bounded SECONDS CMD...: CMD under a timeout, or not at all where the budget is spent
+  local s=$1; shift
+  if [ "$s" -gt 5 ]; then timeout "$s" "$@"; else echo "gpu_check: no time left for $*"; return 124; fi
+}
 
 if ! $PY -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu_check: no CUDA GPU here; running what a CPU can check (quick lane)"
@@ -69,13 +72,13 @@ fi
 echo "== 1. pytest -m cuda (kernels, layer, graphs, lossless), beside the kernels' compilation =="
 $PY scripts/gpu_check.py --out "$WORK" --warm --deadline 150 > "$WORK/warm.log" 2>&1 &
 WARM=$!
-bounded $(( $(left) - 330 )) $PY -m pytest -q -m cuda -n 6 -p no:cacheprovider tests/test_cuda_kernels.py \
+bounded $(( $(left) - 340 )) $PY -m pytest -q -m cuda -n 6 -p no:cacheprovider tests/test_cuda_kernels.py \
   tests/test_cuda_layer.py --junitxml="$WORK/cuda-offspec.xml" > "$OUT_DIR/pytest-cuda-offspec.log" 2>&1
 echo "pytest exit $?"; tail -n 15 "$OUT_DIR/pytest-cuda-offspec.log"
 wait $WARM; echo "warm-up exit $?"; tail -n 3 "$WORK/warm.log"
 
 echo "== 2. pytest -m cuda tests/test_cuda.py (alone: timing checks) =="
-bounded $(( $(left) - 250 )) $PY -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py \
+bounded $(( $(left) - 230 )) $PY -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py \
   --junitxml="$WORK/cuda-streaming.xml" > "$OUT_DIR/pytest-cuda-streaming.log" 2>&1
 echo "pytest exit $?"; tail -n 8 "$OUT_DIR/pytest-cuda-streaming.log"
 
