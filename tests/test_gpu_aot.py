@@ -125,6 +125,18 @@ def test_the_comparison_sees_what_made_the_h100s_rows_differ():
     assert not aot.contractible(aot.arithmetic(aot.compile_launch(reduce, gpu)))  # as offspec launches it
 
 
+def test_without_disable_mma_v3_hopper_would_get_wgmma(monkeypatch):
+    """What launch.py's DISABLE_MMA_V3 keeps away (read by triton 3.6 and 3.9 alike when a kernel compiles)."""
+    from offspec.formats.gpu import aot
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS["sm_90"]
+    prefix = next(lc for lc in _layer_launches(torch.bfloat16, gpu, 4, 2, 64, 256) if lc.kernel.fn.__name__ == "_prefix")
+    assert not any(op.startswith("wgmma") for op in aot.arithmetic(aot.compile_launch(prefix, gpu)).instructions)
+    monkeypatch.delenv("DISABLE_MMA_V3")
+    assert any(op.startswith("wgmma") for op in aot.arithmetic(aot.compile_launch(prefix, gpu)).instructions)
+
+
 def test_tiles_follow_the_cards_shared_memory():
     from offspec.formats.gpu.launch import CARDS
     from offspec.formats.gpu.linear import tiles

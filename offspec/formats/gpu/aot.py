@@ -30,8 +30,8 @@ from typing import Any, NamedTuple, Optional
 from .launch import REGISTERS_PER_BLOCK, REGISTERS_PER_THREAD, Card, Launch
 
 # PTX instructions that compute with values (not addresses, loads, moves or predicates)
-ARITHMETIC = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:mma|wgmma|tcgen05|fma|add|sub|mul|div|rcp|sqrt|rsqrt|ex2|lg2|max|min|"
-                        r"neg|abs|cvt)\.[\w.]*)")
+ARITHMETIC = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:fma|add|sub|mul|div|rcp|sqrt|rsqrt|ex2|lg2|max|min|neg|abs|cvt)\.[\w.]*)")
+MATRIX = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:mma|wgmma|tcgen05)\.[\w.:]*)")  # every matrix instruction
 FLOAT_SUFFIX = re.compile(r"\.(?:f16|bf16|f32|f64|bf16x2|f16x2|e4m3|e5m2)\b")
 
 
@@ -88,7 +88,7 @@ def compile_launch(launch: Launch, gpu: Card):
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     key = (kernel.fn.__qualname__, gpu.capability, repr(signature), repr(sorted(constexprs.items())),
-           repr(sorted(attrs.items())), repr(options))
+           repr(sorted(attrs.items())), repr(options), os.environ.get("DISABLE_MMA_V3"), os.environ.get("DISABLE_MMA_V5"))
     if key not in _compiled:
         _compiled[key] = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target(gpu),
                                         options=options.__dict__)
@@ -158,10 +158,14 @@ def _parent(encoding: str) -> str:
 
 
 def _instructions(ptx: str) -> frozenset:
-    """The float arithmetic opcodes of a PTX listing; a packed form (`cvt.rn.bf16x2.f32`: two values at once) is
-    counted as its one-value form, each lane rounding the same."""
+    """The matrix instructions and float arithmetic opcodes of a PTX listing; a packed form (`cvt.rn.bf16x2.f32`:
+    two values at once) is counted as its one-value form, each lane rounding the same."""
     found = set()
     for line in ptx.splitlines():
+        matrix = MATRIX.match(line)
+        if matrix:
+            found.add(matrix.group(1))
+            continue
         match = ARITHMETIC.match(line)
         if match and FLOAT_SUFFIX.search(match.group(1)):
             found.add(re.sub(r"\.(bf16|f16)x2\b", r".\1", match.group(1)))
