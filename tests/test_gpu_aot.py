@@ -148,6 +148,16 @@ def test_tiles_follow_the_cards_shared_memory():
     assert tiles(1024, torch.bfloat16, 1, small).stages == 3  # a 32-value unit's tiles fit three stages anywhere
 
 
+def test_attention_tiles_follow_the_cards_shared_memory():
+    """float32 heads of 128 took 180,480 B in 64-row tiles, 3 stages deep (the slow sweep found it on sm_86)."""
+    from offspec.formats.gpu.attention import BLOCK_N, tiles
+    from offspec.formats.gpu.launch import CARDS
+
+    small, large = CARDS["sm_89"].max_shared, CARDS["sm_90"].max_shared
+    assert tiles(128, BLOCK_N, 4, small)[0] < 64 and tiles(128, BLOCK_N, 4, large)[0] == 64
+    assert tiles(128, BLOCK_N, 2, small) == (64, 2) and tiles(128, BLOCK_N, 2, large) == (64, 3)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("card", CARD_NAMES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)

@@ -30,10 +30,10 @@ from typing import NamedTuple
 import torch
 
 from .blocks import triton
-from .launch import launch
+from .launch import card, launch
 
 BLOCK_N = 64  # keys per chunk of the softmax (the chain's granularity: the same in every pass)
-PREFIX_ROWS = 64  # (query, head) rows per program of the prefix part
+PREFIX_ROWS = (64, 32, 16)  # (query, head) rows per program of the prefix part: the most the card's memory allows
 LOG2E = 1.4426950408889634
 
 if triton is not None:
@@ -153,6 +153,26 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _shared(rows: int, d: int, block_n: int, elem: int, depth: int) -> int:
+    """An upper bound of the shared memory of a program of `rows` query rows pipelined `depth` deep: a chunk's
+    keys and values, the rows' queries and scores (layout changes), and a chunk's keys and values per further stage
+    (checked against the compiled kernels for sm_80 to sm_90 by tests/test_gpu_aot.py)."""
+    return (2 * block_n * d + rows * block_n + rows * d) * elem + (depth - 1) * 2 * block_n * d * elem
+
+
+def stages(rows: int, d: int, block_n: int, elem: int, max_shared: int) -> int:
+    """The deepest pipelining (3, 2 or 1) whose shared memory fits a card's `max_shared`."""
+    return next((depth for depth in (3, 2) if _shared(rows, d, block_n, elem, depth) <= max_shared), 1)
+
+
+def tiles(d: int, block_n: int, elem: int, max_shared: int) -> tuple[int, int]:
+    """(rows, stages) of the prefix part on a card: the most rows whose program fits (float32 heads of 128 do not
+    at 64 rows on a 99 KB card), then the deepest pipelining that does. Rows never interact, so neither changes a
+    row's bits."""
+    rows = next((r for r in PREFIX_ROWS if _shared(r, d, block_n, elem, 1) <= max_shared), PREFIX_ROWS[-1])
+    return rows, stages(rows, d, block_n, elem, max_shared)
+
+
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, keys: TailKeys, scale: float
            ) -> torch.Tensor:
     """q (M, H, D) rotated queries; caches (Hkv, capacity, D) -> (M, H * D) attention outputs in q's dtype."""
@@ -171,8 +191,12 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, keys: 
     ieee = q.dtype == torch.float32
     qk_scale = float(scale) * LOG2E
     gather = keys.gather if keys.gather.shape[1] else keys.gather.new_zeros((m, 1))
-    launch(_prefix, (triton.cdiv(m * group, PREFIX_ROWS), kv_heads), q, k_cache, v_cache, keys.prefix, row_max,
-           row_sum, acc, m, cap, qk_scale, H=heads, G=group, D=d, R=PREFIX_ROWS, BN=block_n, IEEE=ieee)
+    gpu, elem = card(q.device), q.element_size()
+    rows, prefix_stages = tiles(d, block_n, elem, gpu.max_shared)
+    launch(_prefix, (triton.cdiv(m * group, rows), kv_heads), q, k_cache, v_cache, keys.prefix, row_max, row_sum,
+           acc, m, cap, qk_scale, H=heads, G=group, D=d, R=rows, BN=block_n, IEEE=ieee, num_stages=prefix_stages)
+    gp = max(16, _pow2(group))
     launch(_tail, (m, kv_heads), q, k_cache, v_cache, keys.prefix, gather, keys.count, row_max, row_sum, acc, out,
-           cap, gather.stride(0), qk_scale, H=heads, G=group, GP=max(16, _pow2(group)), D=d, BN=block_n, IEEE=ieee)
+           cap, gather.stride(0), qk_scale, H=heads, G=group, GP=gp, D=d, BN=block_n, IEEE=ieee,
+           num_stages=stages(gp, d, block_n, elem, gpu.max_shared))
     return out
