@@ -15,9 +15,10 @@ and rounded to the compute dtype; for each split s in order, a chain of 32-wide 
 range in increasing k, starting from zero; the splits' sums added in order to 0.0; the bias added in float32; one
 rounding to the output dtype. The products use mma.sync (launch.py sets `DISABLE_MMA_V3` / `_V5` before any kernel
 compiles: Hopper's wgmma and Blackwell's tcgen05 work on whole warp groups, and nothing promises they round a row
-as mma.sync does), whose rows never interact, and both tilings feed it the same operand layout (both decode the
+as mma.sync does), whose rows never interact, and every tiling feeds it the same operand layout (each decodes the
 weights from the same bytes, and Triton lays the operands out by the narrowest load they come from: the K order
-inside each instruction is then the same too). Contraction is off (launch.py): every multiply and add rounds as
+inside each instruction is then the same too; on the H100 a scratch of bf16 values against the bytes gave two
+layouts, and rows that differed). Contraction is off (launch.py): every multiply and add rounds as
 written. float32 inputs multiply in IEEE float32 (no TF32). tests/test_gpu_aot.py compiles the launches of 1, 17,
 64 and 1,024 rows for sm_80 to sm_90 and compares what they compute.
 
