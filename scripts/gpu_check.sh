@@ -25,10 +25,6 @@ BUDGET=${GPU_CHECK_SECONDS:-520}  # seconds for all of it (the issue: 9 minutes,
 OUT_DIR=${OUT:-docs/benchmarks}
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 bounded() {  # bounded SECONDS CMD...: CMD under a timeout, or not at all where the budget is spent
   local s=$1; shift
@@ -49,6 +45,10 @@ if ! $PY -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
   exit $rc
 fi
 
+if ls .whl/*.whl >/dev/null 2>&1; then  # the device image's Python 3.12 lacks these (scripts/gpu_wheels.sh)
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 mkdir -p "$OUT_DIR"
 WORK=$(mktemp -d /tmp/gpu-check.XXXX)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
