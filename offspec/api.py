@@ -8,6 +8,7 @@ from typing import Any, Optional
 import torch
 
 from offspec.formats.cpu_linear import speed_up_cpu_linears
+from offspec.formats.gpu.choice import cuda_kernels
 from offspec.formats.gguf_config import UNVERIFIED, VERIFIED, family_of
 from offspec.models.loading import check_same_tokenizer, load_pair, load_target
 from offspec.offload.config import OffloadConfig, checked_offload_dir, read_options
@@ -135,7 +136,10 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     plan = check_options(target, draft, **options)
     loaded = _load_models(plan, progress)
     plan = _fitted_limits(plan, loaded.target, progress)
+    fallback = _cuda_kernels_fit(plan, loaded, progress)
     generator = _build_generator(plan, loaded, progress)
+    if fallback is not None:
+        generator.info.extra["cuda_kernels"] = fallback
     _warm_up(generator, plan, loaded, progress)
     if plan.auto_budget:
         _plan_budget(generator, plan, loaded, progress)
@@ -169,6 +173,21 @@ def _load_models(plan: LoadPlan, progress: ProgressFn) -> _Loaded:
         for model in (t.model, d.model) if d is not None else (t.model,):
             speed_up_cpu_linears(model)  # same math, kernels that suit few-token passes on CPU
     return _Loaded(t, d, governor, t.offload.placement.device_budget if t.offload is not None else None)
+
+
+def _cuda_kernels_fit(plan: LoadPlan, loaded: _Loaded, progress: ProgressFn) -> Optional[str]:
+    """On CUDA with offspec's Triton kernels: launch every kernel configuration the models' passes can, once, before
+    the engine is built (formats/gpu/probe.py). One that cannot compile or launch on this card makes this process
+    use torch's decode + cuBLAS (and transformers' layers) instead: returns that line, also shown as progress (an
+    error under OFFSPEC_CUDA_KERNELS=triton). None: the kernels run here (or are not used)."""
+    if plan.device.type != "cuda" or cuda_kernels() != "triton":
+        return None
+    from offspec.formats.gpu.probe import check_models  # Triton: imported on CUDA only
+
+    line = check_models(plan.device, plan.dtype, [m.model for m in (loaded.target, loaded.draft) if m is not None])
+    if line is not None:
+        progress(ProgressEvent("kernels", line, 1, 1, finished=True))
+    return line
 
 
 def _fitted_limits(plan: LoadPlan, target: LoadedModel, progress: ProgressFn) -> LoadPlan:

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    step: str  # short machine name: "download", "assemble", "verify", "convert", "load", "warmup"
+    step: str  # short machine name: "download", "assemble", "verify", "convert", "load", "kernels", "warmup"
     message: str  # human text, e.g. "assembling target weights"
     done: float = 0.0  # units done so far (bytes, layers, ...)
     total: Optional[float] = None  # None when unknown

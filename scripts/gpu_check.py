@@ -1,12 +1,15 @@
 """The measurements of scripts/gpu_check.sh on one CUDA GPU: a kernel table, the 70B slice's Q4_K linears, a pass
-sweep and a draft-step sweep on shape twins (scripts/gpu_twins.py), the target twin alone, and the projection of a
-70B Q4_K_M on an RTX 4090. Writes OUT/gpu-check.md and OUT/gpu-check.json (the keys of issue 33).
+sweep and a draft-step sweep on shape twins (scripts/gpu_twins.py), the target twin alone, the projection of a
+70B Q4_K_M on an RTX 4090, and what a user feels end to end (scripts/gpu_e2e.py: offspec bench on the default
+pair's GGUF twins resident and streamed, transformers' generate() on the same shapes, `pytest -m cuda`'s
+failures). Writes OUT/gpu-check.md and OUT/gpu-check.json (the keys of issues 33 and 39).
 
-    python scripts/gpu_check.py --out DIR [--junit cuda.xml] [--deadline SECONDS] [--warm]
+    python scripts/gpu_check.py --out DIR [--work DIR] [--junit cuda.xml ...] [--twins DIR] [--deadline S] [--warm]
 
-`--warm` runs every section once at its smallest size, timing nothing: Triton compiles its kernels into its cache,
-so that the timed run that follows (and the tests run beside it) find them compiled. Every section is guarded: a
-failure is reported in the table and its keys stay null; sections past the deadline are skipped and said so.
+`--warm` runs every kernel section once at its smallest size, timing nothing: Triton compiles its kernels into its
+cache, so that the timed run that follows (and the tests run beside it) find them compiled. Every section is
+guarded: a failure leaves its keys null and its error in one line (the JSON's `errors`, the report; the traceback
+only in OUT/gpu-check-errors.log); sections past the deadline are skipped and said so.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_e2e  # noqa: E402
 from gpu_twins import SHAPES, Stack, StreamedSlice, free_cuda, random_weight, time_ms  # noqa: E402
 
 from offspec.formats.ggml import ggml_type  # noqa: E402
@@ -32,30 +36,47 @@ from offspec.formats.gpu.linear import linear  # noqa: E402
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS")
 ROWS = (1, 4, 16, 64, 256, 1024)
-WARM_ROWS = (1, 64, 256)  # one of each compiled variant: the fused kernel's tiles of 16 and 64 rows, the scratch
+WARM_ROWS = (1, 64, 256)  # one of each tiling: 16 rows, 64 with the K splits as programs, 64 with them in programs
 KEYS = ("device", "q4k_1row_bandwidth_fraction", "q4k_64row_vs_bf16", "draft_step_ms", "slice_pass_vs_link",
-        "slice_1024_vs_1", "target_alone_tok_s", "lossless_bf16", "projection_4090_70b_tok_s")
+        "slice_1024_vs_1", "target_alone_tok_s", "lossless_bf16", "projection_4090_70b_tok_s",
+        "pytest_cuda_failed", "e2e_ar_tok_s", "e2e_vs_transformers", "e2e_tree64_pass_vs_ar_pass",
+        "e2e_streamed_pass_vs_link", "e2e_greedy_mismatches")
 
 
 class Report:
-    def __init__(self, deadline: float, warm: bool):
-        self.deadline, self.warm = deadline, warm
+    def __init__(self, deadline: float, warm: bool, trace_log: Path | None = None):
+        self.deadline, self.warm, self.trace_log = deadline, warm, trace_log
         self.values = {k: None for k in KEYS}
+        self.errors: dict[str, str] = {}  # section title -> its failure, one line
         self.sections: list[tuple[str, str]] = []  # (title, markdown)
 
     def section(self, title: str, fn, *args) -> None:
         if time.monotonic() > self.deadline:
             self.sections.append((title, "skipped: the time budget was spent before it"))
+            self.errors[title] = "skipped: the time budget was spent before it"
             print(f"[gpu_check] {title}: skipped (deadline)", flush=True)
             return
         t0 = time.monotonic()
         try:
             body = fn(self, *args)
-        except Exception:
-            body = "failed:\n\n```\n" + traceback.format_exc()[-3000:] + "```"
+        except Exception as exc:  # noqa: BLE001 - every section's failure is one line, and the others still run
+            line = gpu_e2e.one_line(str(exc).splitlines()[0] if str(exc).strip() else "")
+            self.errors[title] = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+            body = f"failed: {self.errors[title]}"
+            if self.trace_log is not None:
+                with self.trace_log.open("a") as log:
+                    log.write(f"== {title}\n{traceback.format_exc()}\n")
         self.sections.append((title, f"{body}\n\n({time.monotonic() - t0:.0f} s)"))
-        print(f"[gpu_check] {title}: {time.monotonic() - t0:.0f} s", flush=True)
-        torch.cuda.empty_cache()
+        print(f"[gpu_check] {title}: {time.monotonic() - t0:.0f} s"
+              + (f" - {self.errors[title]}" if title in self.errors else ""), flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def json(self) -> dict:
+        return dict(self.values, errors=self.errors)
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -232,10 +253,55 @@ def lossless(r: Report, junit: Path) -> str:
     return f"{len(passed)} of {len(cases)} lossless-in-bfloat16 tests passed ({len(cases) - len(ran)} skipped)."
 
 
+def pytest_cuda(r: Report, junits: list[Path]) -> str:
+    r.values["pytest_cuda_failed"] = gpu_e2e.pytest_failures(junits)
+    return (f"`pytest -m cuda`: {r.values['pytest_cuda_failed']} failed or errors "
+            f"({', '.join(j.name for j in junits)}). Goal: 0.")
+
+
+def e2e_resident(r: Report, twins: Path, work: Path) -> str:
+    bench = work / "e2e-bench"
+    log = work / "e2e-bench.log"
+    gpu_e2e.run(gpu_e2e.bench_command(twins, bench), r.seconds_left() - 60, log, check=False)  # 1: a mismatch
+    r.values.update(gpu_e2e.bench_keys(gpu_e2e.read_json(bench / "bench.json", log)))
+    return (f"`offspec bench --budgets ar,16,64,256,1024` on the default pair's twins, resident: ar "
+            f"{r.values['e2e_ar_tok_s']} tok/s; a 64-node tree's target pass "
+            f"{r.values['e2e_tree64_pass_vs_ar_pass']}x a one-token pass (goal <= 1.3); greedy runs unlike ar: "
+            f"{r.values['e2e_greedy_mismatches']} (goal 0). Goal: ar >= 150 tok/s.")
+
+
+def e2e_streamed(r: Report, twins: Path, work: Path) -> str:
+    mem = gpu_e2e.min_device_mem(twins / "t.gguf")
+    bench = work / "e2e-offload"
+    log = work / "e2e-offload.log"
+    gpu_e2e.run(gpu_e2e.offload_command(twins / "t.gguf", mem, bench), r.seconds_left() - 45, log)
+    report = gpu_e2e.read_json(bench / "offload-bench.json", log)
+    r.values["e2e_streamed_pass_vs_link"] = gpu_e2e.streamed_vs_link(report)
+    rows = [[row["tokens"], f"{row['seconds'] * 1e3:.1f}", f"{row['seconds'] / report['stream_bound_seconds']:.2f}"]
+            for row in report["offspec"]]
+    return (f"`offspec bench offload --device-mem {mem}` on the target twin: {report['placement'].get('layers')} "
+            f"layers; link time {report['stream_bound_seconds'] * 1e3:.1f} ms ({report['raw_link']}).\n\n"
+            + _table(["tokens", "pass ms", "vs link"], rows) + "\n\nGoal: <= 1.3 up to 64 tokens.")
+
+
+def peer(r: Report, device: torch.device) -> str:
+    shape = SHAPES["1.5b"]
+    t0 = time.monotonic()
+    model = gpu_e2e.peer_model(device, shape.hidden, shape.inter, shape.layers, shape.heads, shape.kv_heads,
+                               shape.vocab)
+    made = time.monotonic() - t0
+    rate = gpu_e2e.peer_tok_s(model)
+    free_cuda(model)
+    r.values["e2e_vs_transformers"] = gpu_e2e.ratio(r.values["e2e_ar_tok_s"], rate)
+    return (f"transformers' generate() of {shape.name}'s shapes, random bfloat16 weights made on the GPU "
+            f"({made:.0f} s): {rate} tok/s (128 new tokens after 200, greedy, prefill included, the second of two "
+            f"runs). offspec's ar over it: {r.values['e2e_vs_transformers']} (goal >= 5).")
+
+
 def markdown(r: Report) -> str:
     lines = ["# GPU check (scripts/gpu_check.sh)", "", f"{r.values['device']}; "
              f"{time.strftime('%Y-%m-%d %H:%M')}. Written by the script; see docs/gpu-design.md for what each figure "
-             "measures.", "", "```json", json.dumps(r.values, indent=1), "```", ""]
+             "measures.", "", "```json", json.dumps(r.json(), indent=1), "```", ""]
     for title, body in r.sections:
         lines += [f"## {title}", "", body, ""]
     return "\n".join(lines)
@@ -243,16 +309,30 @@ def markdown(r: Report) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--junit", type=Path)
+    ap.add_argument("--out", type=Path, required=True, help="gpu-check.json, .md and -errors.log go here")
+    ap.add_argument("--work", type=Path, help="the e2e commands' outputs and logs (default: --out)")
+    ap.add_argument("--junit", type=Path, action="append", default=[], help="a `pytest -m cuda` run's junit file")
+    ap.add_argument("--twins", type=Path, help="the default pair's GGUF twins (t.gguf, d.gguf), converted")
     ap.add_argument("--deadline", type=float, default=300.0, help="seconds this script may take")
     ap.add_argument("--warm", action="store_true", help="compile every kernel, time nothing, write nothing")
     args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or args.out
+    work.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    r = Report(time.monotonic() + args.deadline, args.warm)
+    r = Report(time.monotonic() + args.deadline, args.warm, None if args.warm else args.out / "gpu-check-errors.log")
     r.hbm = r.pinned = r.bf16_flops = None
     r.section("Device", environment, device)
+    if not args.warm:
+        if args.junit:
+            r.section("pytest -m cuda", pytest_cuda, args.junit)
+            if args.junit[0].exists():
+                r.section("Lossless in bfloat16 (pytest -m cuda)", lossless, args.junit[0])
+        if args.twins is not None:
+            r.section("End to end: offspec bench on the twins, resident", e2e_resident, args.twins, work)
+            r.section("End to end: transformers' generate() on the same shapes", peer, device)
+            r.section("End to end: the target twin streamed from pinned RAM", e2e_streamed, args.twins, work)
     for title, fn in (("Kernel table", kernel_table), ("The 70B slice's linears", q4k_slice),
                       ("Draft step sweep (0.5B twin)", draft_sweep), ("Target pass sweep (1.5B twin)", target_sweep),
                       ("Pass sweep of the 70B slice, streamed", slice_sweep)):
@@ -261,12 +341,9 @@ def main(argv=None) -> int:
     if args.warm:
         return 0
     r.section("Projection: 70B Q4_K_M on an RTX 4090", projection)
-    if args.junit is not None and args.junit.exists():
-        r.section("Lossless in bfloat16 (pytest -m cuda)", lossless, args.junit)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu-check.json").write_text(json.dumps(r.values, indent=1) + "\n")
+    (args.out / "gpu-check.json").write_text(json.dumps(r.json(), indent=1) + "\n")
     (args.out / "gpu-check.md").write_text(markdown(r))
-    print(json.dumps(r.values), flush=True)
+    print(json.dumps(r.json()), flush=True)
     return 0
 
 

@@ -2,8 +2,8 @@
 bfloat16 (the CUDA default) and float32.
 
 - each type's decode on the GPU equals gguf's reference decode bit for bit (float32), and its bfloat16 rounding;
-- every output row is bit-identical at M = 1, 3, 16, 17, 64 and 1,024 rows, through the fused kernel and the
-  scratch GEMM, for every type, on a small shape and on a 70B-sized one (real split-K);
+- every output row is bit-identical at M = 1, 3, 16, 17, 64 and 1,024 rows, through every tiling (rows_hint), for
+  every type, on a small shape and on a 70B-sized one (real split-K);
 - the products run on mma.sync (never wgmma: the rows of a tile must not interact), and QLinear uses them.
 Skipped, with the reason shown, where there is no CUDA GPU or no Triton.
 """
@@ -53,12 +53,12 @@ def _invariance(name: str, rows: int, cols: int, dtype: torch.dtype, tolerance: 
     bias = torch.from_numpy(rng.standard_normal(rows).astype(np.float32)).to(GPU, dtype)
     x = torch.from_numpy(rng.standard_normal((max(MS), cols)).astype(np.float32)).to(GPU, dtype)
     full = torch.full((max(MS), rows), float("nan"), dtype=dtype, device=GPU)
-    full.copy_(gl.linear(x, [(raw, tid)], cols, bias))  # (1024, rows): the scratch path
+    full.copy_(gl.linear(x, [(raw, tid)], cols, bias))  # (1024, rows): tiles of 64 rows, the splits in programs
     exact = x.cpu().double() @ w.to(dtype).double().T + bias.cpu().double()
     err = float((full.cpu().double() - exact).norm() / exact.norm())
     assert torch.isfinite(full).all() and err < tolerance, (name, err)
     for m in MS:
-        for hint in (1, 10**6):  # the fused kernel, the scratch GEMM
+        for hint in (1, gl.GRID_SPLIT_ROWS, 10**6):  # tiles of 16 rows, of 64 with the splits as programs, in programs
             got = gl.linear(x[:m], [(raw, tid)], cols, bias, rows_hint=hint)
             assert h.same_bits(got.cpu(), full[:m].cpu()), (name, m, hint)
 
@@ -84,44 +84,46 @@ def test_rows_are_bit_identical_in_float32(name):
 
 
 def test_the_products_run_on_mma_sync_never_wgmma():
-    """Hopper's wgmma is chosen for tiles of 64 rows and more unless DISABLE_MMA_V3 is set (linear.py sets it):
-    nothing promises that it rounds a row as mma.sync does, so one kernel must never use it."""
+    """Hopper's wgmma would be chosen for tiles of 64 rows and more unless DISABLE_MMA_V3 is set (launch.py sets it):
+    nothing promises that it rounds a row as mma.sync does, so no tiling may use it. The kernels compiled here, for
+    this card, are the ones that run: 1 and 1,024 rows of a Q4_K linear."""
     from offspec.formats.ggml import ggml_type
     from offspec.formats.gpu import linear as gl
 
     cols, rows = 1024, 256
-    x = torch.randn(128, cols, device=GPU, dtype=torch.bfloat16)
-    w = torch.randn(rows, cols, device=GPU, dtype=torch.bfloat16)
-    y = torch.empty(128, rows, device=GPU, dtype=torch.bfloat16)
-    gemm = gl._gemm.warmup(x, w, y, y, 128, rows, cols, cols, 1, x.stride(0), w.stride(0), y.stride(0), UNIT=256,
-                           CHUNKS=8, BM=gl.GEMM_BM, BN=gl.GEMM_BN, HAS_BIAS=False, IEEE=False, grid=(1, 1),
-                           num_warps=gl.GEMM_WARPS)
     raw = _helpers().blocks(np.random.default_rng(2), "Q4_K", rows, cols).to(GPU)
-    fused = gl._fused.warmup(x, raw, raw, raw, y, y, y, 64, cols, raw.stride(0), rows, 0, 0, 0, 0, 0, rows, cols,
-                             x.stride(0), y.stride(0), TYPE="Q4_K", UNIT=256, UBYTES=144, CHUNKS=8, BM=64,
-                             BN=gl.FUSED_BN, DIRECT=True, HAS_BIAS=False, IEEE=False, grid=(1, 1, 1))
-    for kernel in (gemm, fused):
+    for m in (1, 1024):
+        gl.linear(torch.randn(m, cols, device=GPU, dtype=torch.bfloat16), [(raw, ggml_type("Q4_K").id)], cols)
+    torch.cuda.synchronize(GPU)
+    compiled = [k for cache in gl._fused.device_caches.values() for k in cache[0].values()]
+    assert compiled
+    for kernel in compiled:
         ptx = kernel.asm["ptx"]
         assert "mma.sync" in ptx and "wgmma" not in ptx
-    assert ggml_type("Q4_K").id in [ggml_type(t).id for t in TYPES]
 
 
 def test_a_group_of_weights_and_torch_decoded_types_keep_the_bits_on_the_gpu():
+    """A q/k/v-like group in one call keeps each row's bits at every row count; a type without a Triton decoder
+    (the hook: Q6_K pretended to be one) gives the bits of the same values given as a bfloat16 weight."""
     from offspec.formats.ggml import ggml_type
     from offspec.formats.gpu import linear as gl
 
     h = _helpers()
     rng = np.random.default_rng(3)
     spec = [("Q4_K", 2048), ("Q4_K", 256), ("Q6_K", 256)]
-    weights = [(h.blocks(rng, n, r, 2048).to(GPU), ggml_type(n).id) for n, r in spec]
+    raws = [h.blocks(rng, n, r, 2048) for n, r in spec]
+    weights = [(raw.to(GPU), ggml_type(n).id) for raw, (n, _) in zip(raws, spec)]
     x = torch.randn(200, 2048, device=GPU, dtype=torch.bfloat16)
     full = gl.linear(x, weights, 2048)
+    as_float = weights[:2] + [(h.reference(raws[2], "Q6_K", 2048).to(GPU, torch.bfloat16).view(torch.uint8),
+                               ggml_type("BF16").id)]
+    want = gl.linear(x, as_float, 2048)
     decodes = gl.decodes
     try:
         for m in (1, 5, 33, 64, 200):
             assert torch.equal(gl.linear(x[:m], weights, 2048), full[:m])
             gl.decodes = lambda type_id: decodes(type_id) and gl._ggml(type_id).name != "Q6_K"  # the hook
-            assert torch.equal(gl.linear(x[:m], weights, 2048), full[:m])
+            assert torch.equal(gl.linear(x[:m], weights, 2048), want[:m])
             gl.decodes = decodes
     finally:
         gl.decodes = decodes

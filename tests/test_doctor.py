@@ -29,8 +29,8 @@ def test_doctor_runs_on_a_cpu_machine_and_skips_what_needs_cuda_with_the_reason(
     rc, report = cpu_report
     status = {c["name"]: c["status"] for c in report["checks"]}
     assert rc == 0 and report["device"] == "cpu" and report["dtype"] == "float32"
-    assert status == {"device": PASS, "host->device copies": SKIP, "SSD read": PASS, "copy/compute overlap": SKIP,
-                      "streamed == resident": PASS}
+    assert status == {"device": PASS, "CUDA kernels": SKIP, "host->device copies": SKIP, "SSD read": PASS,
+                      "copy/compute overlap": SKIP, "streamed == resident": PASS}
     reasons = {c["name"]: c["reason"] for c in report["checks"]}
     assert all("\n" not in r for r in reasons.values())
     assert reasons["host->device copies"].startswith("needs a CUDA GPU (")
@@ -51,11 +51,12 @@ def test_the_lines_say_pass_fail_or_skip_and_a_failure_exits_1(monkeypatch, tmp_
     assert main(["--quick", "--offload-dir", str(tmp_path)]) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("PASS  device: cpu: ")
-    assert lines[1].startswith("SKIP  host->device copies: needs a CUDA GPU")
-    assert lines[2].startswith("FAIL  SSD read: 0.05 GB/s") and "below 100 MB/s" in lines[2]
-    assert "refuses O_DIRECT" in lines[2]
-    assert lines[4] == "FAIL  streamed == resident: RuntimeError: boom"  # one line, and the doctor went on
-    assert lines[5] == "1 passed, 2 failed, 2 skipped"
+    assert lines[1].startswith("SKIP  CUDA kernels: needs a CUDA GPU")
+    assert lines[2].startswith("SKIP  host->device copies: needs a CUDA GPU")
+    assert lines[3].startswith("FAIL  SSD read: 0.05 GB/s") and "below 100 MB/s" in lines[3]
+    assert "refuses O_DIRECT" in lines[3]
+    assert lines[5] == "FAIL  streamed == resident: RuntimeError: boom"  # one line, and the doctor went on
+    assert lines[6] == "1 passed, 2 failed, 3 skipped"
 
 
 def test_a_bad_device_is_one_line(capsys):
@@ -149,4 +150,4 @@ def test_run_checks_reports_each_check_as_it_finishes(tmp_path):
     started, finished = [], []
     results = run_checks(CPU, torch.float32, tmp_path, quick=True, on_start=started.append, on_done=finished.append)
     assert started == [c.name for c in results] == [c.name for c in finished]
-    assert len(results) == 5 and all(c.status in (PASS, SKIP) for c in results)
+    assert len(results) == 6 and all(c.status in (PASS, SKIP) for c in results)

@@ -34,6 +34,7 @@ import torch
 from offspec.api import check_options
 from offspec.errors import OffspecError, run_cli
 from offspec.formats.cpu_linear import _skinny_forward, speed_up_cpu_linears
+from offspec.formats.gpu.choice import cuda_kernels
 from offspec.models.loading import load_model
 from offspec.models.sources import resolve_model
 from offspec.offload.diskio import FileReader, aligned_empty
@@ -260,6 +261,12 @@ def run(args: argparse.Namespace) -> dict:
             model = load_model(resolved, device=device, dtype=dtype, progress=progress).model
     if device.type == "cpu":
         speed_up_cpu_linears(model)
+    elif device.type == "cuda" and cuda_kernels() == "triton":  # as offspec.load does: no traceback mid-pass
+        from offspec.formats.gpu.probe import check_models
+
+        fallback = check_models(device, dtype, [model])
+        if fallback is not None:
+            print(f"offspec: {fallback}", file=sys.stderr)
     placement = handle.placement
     ssd = ssd_files(handle.packed_dir, placement.tiers) if handle.packed_dir else []
     raw = raw_bandwidths(device, ssd)

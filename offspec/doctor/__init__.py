@@ -2,6 +2,7 @@
 
 - checks.py     the device (free memory, compute capability, dtype, default budgets), host->device copies
                 (pinned and pageable), the SSD read speed
+- kernels.py    offspec's Triton kernels launch on this GPU (every tiling of the usual weight types)
 - overlap.py    copy/compute overlap through the real layer streamer, at the model's layer size
 - logits.py     streamed logits == resident logits on a small random model
 - streaming.py  the last two as pass/fail checks
@@ -21,6 +22,7 @@ import torch
 from offspec.progress import no_progress
 
 from .checks import FAIL, PASS, SKIP, Check, device_check, disk_check, guarded, link_check
+from .kernels import kernels_check
 from .streaming import layer_size, logits_check, overlap_check
 
 __all__ = ["Check", "PASS", "FAIL", "SKIP", "run_checks"]
@@ -42,6 +44,7 @@ def run_checks(device: torch.device, dtype: torch.dtype, offload_dir: Path, targ
         return check
 
     run("device", lambda: device_check(device, dtype))
+    run("CUDA kernels", lambda: kernels_check(device, dtype, quick))
     link = run("host->device copies", lambda: link_check(device, copy_bytes))
     run("SSD read", lambda: disk_check(offload_dir, copy_bytes))
     pinned = link.figures.get("pinned") if link.status == PASS else None

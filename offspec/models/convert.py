@@ -41,6 +41,8 @@ from offspec.store.packed import build_store, plan_extra, plan_layer
 from offspec.util.files import remove_stale_temps, sha256_file, temp_path
 from offspec.util.hf import quiet_transformers
 
+from .gguf_tokenizer import gguf_tokenizer
+
 _OLD_SUFFIXES = ("-float32", "-bfloat16", "-float16")
 
 
@@ -71,12 +73,12 @@ def _remove_old_format(dest: Path, progress: ProgressFn) -> None:
 
 def _build_store(gguf: Path, tmp: Path, key: str, name: str, progress: ProgressFn) -> dict:
     """Tokenizer, config and the ggml weight store of `gguf` into `tmp`; returns manifest fields."""
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
 
     with quiet_transformers():
         progress(ProgressEvent("convert", f"reading the tokenizer and config of {name}"))
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tokenizer = gguf_tokenizer(gguf)
         config = gguf_config(gguf, progress, name)
         plan = plan_import(gguf, config)  # ImportUnsupported: the caller converts to float instead
         tokenizer.save_pretrained(tmp)
@@ -117,11 +119,11 @@ def gguf_config(gguf: Path, progress: ProgressFn = no_progress, name: str = "") 
 def _build_float(gguf: Path, tmp: Path, name: str, reason: str, progress: ProgressFn) -> dict:
     """The fallback: transformers de-quantizes the GGUF; saved as float32 safetensors."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     progress(ProgressEvent("convert", f"{name} cannot be kept in its own blocks ({reason}): converting it to float32"))
     with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tokenizer = gguf_tokenizer(gguf)
         tokenizer.save_pretrained(tmp)
         del tokenizer
         progress(ProgressEvent("convert", f"de-quantizing {name} to float32"))

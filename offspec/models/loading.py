@@ -23,6 +23,7 @@ from offspec.util.hf import quiet_transformers
 from .auto_draft import choose_draft, tokenizer_difference
 from .convert import failure_reason
 from .draft_vocab import reduce_draft_head
+from .gguf_tokenizer import gguf_tokenizer
 from .sources import ResolvedModel, convert_located, locate_model
 
 T = TypeVar("T")
@@ -43,7 +44,7 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
     ready, else from the GGUF itself); failures become one OffspecError line."""
     from transformers import AutoTokenizer
 
-    where, kwargs, cls = str(resolved.path), {}, AutoTokenizer
+    where, cls, from_gguf = str(resolved.path), AutoTokenizer, False
     if resolved.gguf is not None:
         entry = converted_dir(resolved.key)
         if entry.is_dir() and verify_entry(entry) is None:
@@ -54,12 +55,12 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
                 # for Qwen2.5's 151,936 tokens, in the memory a small --device-mem budget has)
                 from transformers import PreTrainedTokenizerFast as cls
         else:
-            where, kwargs = str(resolved.gguf.parent), {"gguf_file": resolved.gguf.name}
+            from_gguf = True
     try:
         with quiet_transformers():
-            return cls.from_pretrained(where, **kwargs)
+            return gguf_tokenizer(resolved.gguf) if from_gguf else cls.from_pretrained(where)
     except Exception as exc:
-        reason = failure_reason(exc) if "gguf_file" in kwargs else _reason(exc)
+        reason = failure_reason(exc) if from_gguf else _reason(exc)
         raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: {reason}") from exc
 
 

@@ -9,8 +9,9 @@ interpreter.py), as the GPU's is.
 
 - decode TYPES:                     each type's GPU decode against dequant.py, gguf's reference and the compiled
                                     CPU kernels' decode, bit for bit (float32), and rounded to bfloat16 as torch rounds
-- linear TYPES DTYPE ROWS COLS Ms:  each row of every M and of both paths (fused, scratch) against the same rows at
-                                    the largest M, bit for bit, and the products against an exact reference
+- linear TYPES DTYPE ROWS COLS Ms:  each row of every M and of every tiling (16 rows, 64 rows with the K splits as
+                                    programs, 64 with the splits in a program) against the same rows at the largest M,
+                                    bit for bit, and the products against an exact reference
 - group DTYPE:                      a q/k/v-like group of three weights of two types in one call: invariant rows, and a
                                     type decoded by torch (the hook for types without a GPU decoder) gives the same bits
 """
@@ -114,9 +115,13 @@ def check_linear(types: list[str], dtype_name: str, rows: int, cols: int, ms: li
         exact = _exact(x, w, bias)
         err = float((y.double() - exact).norm() / exact.norm())
         same = {}
+        # every tiling (linear.py) at every M up to GRID_SPLIT_ROWS, against the rows of the largest M (tiles of 64
+        # rows, the splits in each program); above it the tilings of fewer rows are the same compiled kernels on a
+        # larger grid (M is not specialized on), and cost the interpreter minutes
         for m in ms:
-            for path, hint in (("fused", 1), ("scratch", 10**6)):
-                same[f"{path}{m}"] = same_bits(gl.linear(x[:m], [(raw, tid)], cols, bias, rows_hint=hint), y[:m])
+            for path, hint in (("few", 1), ("grid", gl.GRID_SPLIT_ROWS), ("many", 10**6)):
+                if m <= gl.GRID_SPLIT_ROWS:
+                    same[f"{path}{m}"] = same_bits(gl.linear(x[:m], [(raw, tid)], cols, bias, rows_hint=hint), y[:m])
         out.append({"type": name, "rel_err": err, "finite": bool(torch.isfinite(y).all()), "same": same,
                     "splits": gl.plan_splits(rows, cols, [tid], gl.multiprocessors(x.device))[0]})
     return out
@@ -138,11 +143,15 @@ def check_group(dtype_name: str) -> dict:
     y = gl.linear(x, weights, cols, bias)  # (80, 256): the scratch path
     exact = _exact(x, w, bias)
     same = {m: same_bits(gl.linear(x[:m], weights, cols, bias), y[:m]) for m in (1, 5, 33)}
-    # the hook: a type without a GPU decoder is decoded by torch into the scratch, with the same bits after it
+    # the hook: a type without a GPU decoder is decoded by torch into a scratch of the compute dtype and multiplied as
+    # a float weight of that dtype: the bits of the same values given as that float type, at every row count
     decodes = gl.decodes
     gl.decodes = lambda type_id: decodes(type_id) and gl._ggml(type_id).name != "Q6_K"
+    as_float = [weights[0], weights[1], (reference(raws[2], "Q6_K", cols).to(dtype).view(torch.uint8),
+                                         ggml_type(gl.FLOAT_TYPE[dtype]).id)]
+    want = gl.linear(x, as_float, cols, bias)  # (80, 256)
     try:
-        hooked = {m: same_bits(gl.linear(x[:m], weights, cols, bias), y[:m]) for m in (1, 80)}
+        hooked = {m: same_bits(gl.linear(x[:m], weights, cols, bias), want[:m]) for m in (1, 17, 80)}
     finally:
         gl.decodes = decodes
     return {"rel_err": float((y.double() - exact).norm() / exact.norm()), "same": same, "hooked": hooked}

@@ -13,7 +13,13 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
-BASE_VOCAB = len(SPECIALS) + 256  # specials + one token per byte (byte-level BPE without merges)
+BASE_VOCAB = len(SPECIALS) + 256  # specials + one token per byte (two of them merges': see MERGES)
+# merges, as every real byte-level BPE vocabulary has (transformers 5.0 to 5.17 cannot build a GGUF's BPE tokenizer
+# from an empty merge list, nor read back a list of one: tests/test_gguf_tokenizer.py): "ÀÀ" (bytes C0 C0) in the
+# place of "Á" (byte C1), "öö" (F6 F6) in the place of "õ" (F5). None of these bytes ever occurs in UTF-8, so every
+# text still encodes one token per byte, with the ids it had.
+MERGES = [("À", "À"), ("ö", "ö")]
+REPLACED = {"Á": "ÀÀ", "õ": "öö"}  # the unreachable byte tokens the merges' tokens take the places of
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -21,15 +27,16 @@ CHAT_TEMPLATE = (
 
 
 def make_tokenizer(vocab_size: int = BASE_VOCAB) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer (one token per byte, no merges). `vocab_size` >= BASE_VOCAB pads with `<xN>`."""
+    """A byte-level tokenizer (one token per byte of any text: MERGES never fires). `vocab_size` >= BASE_VOCAB pads
+    with `<xN>`."""
     from tokenizers import pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
-    alphabet = sorted(ByteLevel.alphabet())
+    alphabet = [REPLACED.get(c, c) for c in sorted(ByteLevel.alphabet())]
     vocab = {tok: i for i, tok in enumerate(SPECIALS + alphabet)}
     for i in range(len(vocab), vocab_size):
         vocab[f"<x{i}>"] = i
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<pad>"))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES), unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(

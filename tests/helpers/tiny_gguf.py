@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from .tiny import CHAT_TEMPLATE, SPECIALS, make_tokenizer
+from .tiny import CHAT_TEMPLATE, MERGES, SPECIALS, make_tokenizer
 
 # where the float16 scale fields sit in each block type (IQ1_M: spread over the top nibbles of its scale words,
 # see _iq1_m_scale), and the scale to put there (weights of roughly 0.01 - 0.2)
@@ -173,7 +173,7 @@ def _add_tokenizer(w, vocab: dict) -> None:
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens])
-    w.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives none from a byte vocabulary
+    w.add_token_merges([" ".join(pair) for pair in MERGES])  # as every BPE GGUF has them (helpers/tiny.py)
     w.add_bos_token_id(vocab["<s>"])
     w.add_eos_token_id(vocab["</s>"])
     w.add_pad_token_id(vocab["<pad>"])

@@ -17,7 +17,10 @@ start, with an online softmax whose every step is a function of one row: scores 
 - `_tail`: per query and KV head (its group of heads as the rows), the remaining chunks: the prefix's last partial
   chunk followed by the query's gathered tail keys; then it normalizes and writes the output.
 
-The two parts continue one chain, so where a pass splits the chain (P) does not change a row's bits.
+The two parts continue one chain, so where a pass splits the chain (P) does not change a row's bits. They are two
+kernels, so both are compiled without contraction (launch.py): with it, the PTX assembler fused `s * scale - max`
+into one fma in `_prefix` (whose key mask is constant) and not in `_tail`, and a row's chain rounded differently
+depending on where the pass split it (the float32 tree-node failure on an H100; tests/test_gpu_aot.py).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from typing import NamedTuple
 import torch
 
 from .blocks import triton
+from .launch import card, launch
 
 BLOCK_N = 64  # keys per chunk of the softmax (the chain's granularity: the same in every pass)
-PREFIX_ROWS = 64  # (query, head) rows per program of the prefix part
+PREFIX_ROWS = (64, 32, 16)  # (query, head) rows per program of the prefix part: the most the card's memory allows
 LOG2E = 1.4426950408889634
 
 if triton is not None:
@@ -57,7 +61,9 @@ if triton is not None:
         l_i = l_i * alpha + tl.max(row_sum, axis=1)  # every column of row_sum is the row's sum
         return m_new, l_i, acc
 
-    @triton.jit(do_not_specialize=["M"])
+    # the row count and the caches' capacity are not specialized on (a capacity divisible by 16 or not would be
+    # another compiled kernel; the warm-up's probe launches the kernels a model's passes will)
+    @triton.jit(do_not_specialize=["M", "cap"])
     def _prefix(q_ptr, k_ptr, v_ptr, prefix_ptr, m_ptr, l_ptr, acc_ptr, M, cap, qk_scale,
                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr):
@@ -85,7 +91,7 @@ if triton is not None:
         tl.store(l_ptr + state, l_i, mask=rmask)
         tl.store(acc_ptr + state[:, None] * D + d[None, :], acc, mask=rmask[:, None])
 
-    @triton.jit(do_not_specialize=["stride_g"])
+    @triton.jit(do_not_specialize=["cap", "stride_g"])
     def _tail(q_ptr, k_ptr, v_ptr, prefix_ptr, gather_ptr, count_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, cap, stride_g,
               qk_scale, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
               IEEE: tl.constexpr):
@@ -147,6 +153,26 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _shared(rows: int, d: int, block_n: int, elem: int, depth: int) -> int:
+    """An upper bound of the shared memory of a program of `rows` query rows pipelined `depth` deep: a chunk's
+    keys and values, the rows' queries and scores (layout changes), and a chunk's keys and values per further stage
+    (checked against the compiled kernels for sm_80 to sm_90 by tests/test_gpu_aot.py)."""
+    return (2 * block_n * d + rows * block_n + rows * d) * elem + (depth - 1) * 2 * block_n * d * elem
+
+
+def stages(rows: int, d: int, block_n: int, elem: int, max_shared: int) -> int:
+    """The deepest pipelining (3, 2 or 1) whose shared memory fits a card's `max_shared`."""
+    return next((depth for depth in (3, 2) if _shared(rows, d, block_n, elem, depth) <= max_shared), 1)
+
+
+def tiles(d: int, block_n: int, elem: int, max_shared: int) -> tuple[int, int]:
+    """(rows, stages) of the prefix part on a card: the most rows whose program fits (float32 heads of 128 do not
+    at 64 rows on a 99 KB card), then the deepest pipelining that does. Rows never interact, so neither changes a
+    row's bits."""
+    rows = next((r for r in PREFIX_ROWS if _shared(r, d, block_n, elem, 1) <= max_shared), PREFIX_ROWS[-1])
+    return rows, stages(rows, d, block_n, elem, max_shared)
+
+
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, keys: TailKeys, scale: float
            ) -> torch.Tensor:
     """q (M, H, D) rotated queries; caches (Hkv, capacity, D) -> (M, H * D) attention outputs in q's dtype."""
@@ -165,10 +191,12 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, keys: 
     ieee = q.dtype == torch.float32
     qk_scale = float(scale) * LOG2E
     gather = keys.gather if keys.gather.shape[1] else keys.gather.new_zeros((m, 1))
-    _prefix[(triton.cdiv(m * group, PREFIX_ROWS), kv_heads)](
-        q, k_cache, v_cache, keys.prefix, row_max, row_sum, acc, m, cap, qk_scale, H=heads, G=group, D=d,
-        R=PREFIX_ROWS, BN=block_n, IEEE=ieee)
-    _tail[(m, kv_heads)](q, k_cache, v_cache, keys.prefix, gather, keys.count, row_max, row_sum, acc, out, cap,
-                         gather.stride(0), qk_scale, H=heads, G=group, GP=max(16, _pow2(group)), D=d, BN=block_n,
-                         IEEE=ieee)
+    gpu, elem = card(q.device), q.element_size()
+    rows, prefix_stages = tiles(d, block_n, elem, gpu.max_shared)
+    launch(_prefix, (triton.cdiv(m * group, rows), kv_heads), q, k_cache, v_cache, keys.prefix, row_max, row_sum,
+           acc, m, cap, qk_scale, H=heads, G=group, D=d, R=rows, BN=block_n, IEEE=ieee, num_stages=prefix_stages)
+    gp = max(16, _pow2(group))
+    launch(_tail, (m, kv_heads), q, k_cache, v_cache, keys.prefix, gather, keys.count, row_max, row_sum, acc, out,
+           cap, gather.stride(0), qk_scale, H=heads, G=group, GP=gp, D=d, BN=block_n, IEEE=ieee,
+           num_stages=stages(gp, d, block_n, elem, gpu.max_shared))
     return out

@@ -2,30 +2,34 @@
 
 `linear(x, [(qweight, type_id), ...], cols, bias)` computes x (M, cols) @ [W0; W1; ...]^T (+ bias) -> (M, sum N) in
 x's dtype, the weights given as rows of ggml blocks (several of them: a fused q/k/v or gate/up, the bytes as they
-are). One arithmetic, two ways to run it:
+are). One kernel, `_fused`, for every row count: each program decodes its (BN x 32) weight tiles in registers
+(blocks.py) and multiplies them at once. What changes with the row count is only how it is tiled and launched:
 
-- few rows (M <= FUSED_MAX_ROWS: the draft, the walk, small trees): `_fused` decodes each weight tile in registers
-  and multiplies it at once (one kernel per type, up to 3 weights each), split over K in `splits` parts that write
-  float32 partials; `_reduce` adds them in split order, adds the bias and rounds.
-- many rows: `_decode` writes each weight once into a scratch in the compute dtype (bands of SCRATCH_BYTES), then
-  `_gemm` multiplies with the same K order and sums the same splits in the same order inside one program.
+- rows per program (`Tiles.bm`): 16 up to 16 rows, 64 above (more rows share each decoded weight tile);
+- the split over K (`plan_splits`: a function of the weights' shape and the GPU, never of M): up to
+  GRID_SPLIT_ROWS rows the splits run side by side (one program each, float32 partials, then `_reduce` adds them
+  in split order); above it each program runs its splits one after the other and adds them in the same order.
 
-The arithmetic both share, per output (m, n): the weight values decoded exactly (blocks.py) and rounded to the
-compute dtype; for each split s in order, a chain of 32-wide tensor-core products over its K range in increasing k,
-starting from zero; the splits' sums added in order to 0.0; the bias added in float32; one rounding to the output
-dtype. The split count depends on the weights' shape and the GPU's multiprocessor count, never on M. The products
-use mma.sync (`DISABLE_MMA_V3` / `_V5` are set before any kernel compiles): its rows never interact, so a tile of
-16 rows and one of 128 give each row the same bits (Hopper's wgmma would be chosen for the larger tiles otherwise,
-and nothing promises the two instructions round alike). float32 inputs multiply in IEEE float32 (no TF32).
+The arithmetic every row goes through, whichever way it is tiled: the weight values decoded exactly (blocks.py)
+and rounded to the compute dtype; for each split s in order, a chain of 32-wide tensor-core products over its K
+range in increasing k, starting from zero; the splits' sums added in order to 0.0; the bias added in float32; one
+rounding to the output dtype. The products use mma.sync (launch.py sets `DISABLE_MMA_V3` / `_V5` before any kernel
+compiles: Hopper's wgmma and Blackwell's tcgen05 work on whole warp groups, and nothing promises they round a row
+as mma.sync does), whose rows never interact, and every tiling feeds it the same operand layout (each decodes the
+weights from the same bytes, and Triton lays the operands out by the narrowest load they come from: the K order
+inside each instruction is then the same too; on the H100 a scratch of bf16 values against the bytes gave two
+layouts, and rows that differed). Contraction is off (launch.py): every multiply and add rounds as
+written. float32 inputs multiply in IEEE float32 (no TF32). tests/test_gpu_aot.py compiles the launches of 1, 17,
+64 and 1,024 rows for sm_80 to sm_90 and compares what they compute.
 
-A ggml type with no Triton decoder (an IQ type, until blocks.py has one) is decoded once per call by torch
-(dequant.py) into the same scratch, then `_gemm`: still one arithmetic at every row count.
+A ggml type with no Triton decoder is decoded by torch (dequant.py) into a scratch in the compute dtype, a band of
+rows at a time, and multiplied by the same kernel as a float weight of that dtype: one path at every row count.
 """
 
 from __future__ import annotations
 
 import functools
-import os
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -33,23 +37,43 @@ import torch
 from ..dequant import dequantize
 from ..ggml import GGMLType, ggml_type
 from .blocks import UNITS, triton
+from .launch import Card, card, launch
 
-# the products' instruction: mma.sync everywhere (see above); read by Triton when it compiles, and part of its cache
-# key, so it is set before the first kernel of this process compiles
-os.environ["DISABLE_MMA_V3"] = "1"
-os.environ["DISABLE_MMA_V5"] = "1"
-
-FUSED_MAX_ROWS = 64  # up to this many rows the fused kernel decodes each weight once (one tile of rows)
-FUSED_BN = 64  # weight rows per fused program
-GEMM_BM, GEMM_BN = 128, 128  # the scratch GEMM's tile
-GEMM_WARPS = 8  # two (128, 128) float32 accumulators (a split's and the total) in 256 threads' registers
+FEW_ROWS = 16  # up to this many rows: programs of 16 rows; above: of 64
+GRID_SPLIT_ROWS = 64  # up to this many rows the K splits run as programs of their own (float32 partials)
+PLAN_BN = 64  # weight rows per program: the split plan's unit (every tiling uses it)
 REDUCE_BM, REDUCE_BN = 16, 128
 DECODE_BN, DECODE_UNITS = 64, 4  # the decode kernel: weight rows x units per program
-SCRATCH_BYTES = 128 * 2**20  # the largest decoded band of weight rows (the placement charges it: WORKSPACE_BYTES)
-WORKSPACE_BYTES = SCRATCH_BYTES  # device memory the linears take besides their inputs and outputs (plus partials)
+SCRATCH_BYTES = 128 * 2**20  # a torch-decoded band of weight rows (types without a Triton decoder)
 MAX_SPLIT = 16
-PROGRAMS_PER_SM = 2  # the fused kernel's split aims at this many programs per multiprocessor
-INTERPRETER_SMS = 4  # Triton's interpreter (tests): a small "GPU", so that small weights split too
+PROGRAMS_PER_SM = 2  # the split aims at this many programs per multiprocessor (at few rows)
+FLOAT_TYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}  # a scratch's type
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """How `_fused` is tiled and launched for a row count on a card."""
+
+    bm: int  # rows of x per program
+    bn: int  # weight rows per program
+    warps: int
+    stages: int  # Triton's software pipelining depth (each stage holds a unit's x tiles in shared memory)
+
+
+def tiles(rows: int, dtype: torch.dtype, chunks: int, gpu: Card) -> Tiles:
+    """The tiling of `rows` rows of x in `dtype` against a type of `chunks` 32-value chunks per unit on `gpu`: the
+    row tile from the row count, the pipelining depth the largest whose shared memory fits the card (an upper
+    bound of what Triton allocates: the x tiles of a unit per stage, the accumulator's layout change; checked
+    against the compiled kernels for sm_80 to sm_90 by tests/test_gpu_aot.py)."""
+    bm = 16 if rows <= FEW_ROWS else 64
+    elem = torch.empty((), dtype=dtype).element_size()
+    stages = 1
+    for depth in (3, 2):
+        if depth * chunks * bm * 32 * elem + bm * PLAN_BN * 4 <= gpu.max_shared:
+            stages = depth
+            break
+    return Tiles(bm, PLAN_BN, 8 if dtype == torch.float32 and bm > 16 else 4, stages)
+
 
 if triton is not None:
     import triton.language as tl
@@ -64,7 +88,7 @@ if triton is not None:
 
     @triton.jit
     def _mma(acc, xt, w, IEEE: tl.constexpr):
-        """acc (BM, BN) + xt (BM, 32) @ w (BN, 32)^T: the chained product both paths use."""
+        """acc (BM, BN) + xt (BM, 32) @ w (BN, 32)^T."""
         if IEEE:
             return tl.dot(xt, tl.trans(w), acc, input_precision="ieee")
         return tl.dot(xt, tl.trans(w.to(xt.dtype)), acc)
@@ -77,17 +101,17 @@ if triton is not None:
         tl.store(y_ptr + rm.to(tl.int64)[:, None] * stride_ym + cols[None, :], total.to(y_ptr.dtype.element_ty),
                  mask=mmask[:, None] & nmask[None, :])
 
-    # row counts and column offsets are not specialized on (Triton would compile a variant for M == 1 and for M a
-    # multiple of 16): one compiled kernel per type and tile serves every pass
-    @triton.jit(do_not_specialize=["M", "N0", "N1", "N2", "C0", "C1", "C2", "NTOT", "KS"])
+    # row counts, column offsets and the split plan are not specialized on (Triton would compile a variant for a
+    # value of 1 and for multiples of 16): the same compiled kernel for every pass of a tiling
+    @triton.jit(do_not_specialize=["M", "N0", "N1", "N2", "C0", "C1", "C2", "NTOT", "KS", "SPLITS"])
     def _fused(x_ptr, w0, w1, w2, y_ptr, part_ptr, bias_ptr, M, K, row_bytes, N0, N1, N2, C0, C1, C2, NTOT, KS,
-               stride_xm, stride_ym, TYPE: tl.constexpr, UNIT: tl.constexpr, UBYTES: tl.constexpr,
-               CHUNKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DIRECT: tl.constexpr,
+               SPLITS, stride_xm, stride_ym, TYPE: tl.constexpr, UNIT: tl.constexpr, UBYTES: tl.constexpr,
+               CHUNKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GRID_SPLIT: tl.constexpr,
                HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
-        """Program (m tile, n tile, split s): rows rm of x times the BN weight rows of tile n (of w0, w1 or w2, which
-        land in output columns C0, C1, C2 on) over K range [s * KS, (s + 1) * KS). DIRECT (one split): the result;
-        else float32 partials part (splits, M, NTOT)."""
-        pid_m, pid_n, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        """Program (m tile, n tile, split): rows rm of x times the BN weight rows of tile n (of w0, w1 or w2, which
+        land in output columns C0, C1, C2 on), split s over K range [s * KS, (s + 1) * KS). GRID_SPLIT: split
+        program_id(2) alone, into float32 partials part (SPLITS, M, NTOT); else every split in order, the result."""
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
         t0 = tl.cdiv(N0, BN)
         t1 = t0 + tl.cdiv(N1, BN)
         if pid_n < t0:
@@ -102,23 +126,31 @@ if triton is not None:
         nmask = rn < n_w
         rows = w_ptr + rn.to(tl.int64) * row_bytes  # (BN,) each row's first byte
         nunits = tl.cdiv(K, UNIT)
-        u0 = s * (KS // UNIT)
-        u1 = tl.minimum(u0 + KS // UNIT, nunits)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN)
-        for u in range(u0, u1):
-            blk = rows + u * UBYTES
-            for c in tl.static_range(CHUNKS):
-                kk = u * UNIT + c * 32 + tl.arange(0, 32)  # (32,)
-                kmask = kk < K
-                w = chunk(TYPE, blk, c, nmask, kmask)  # (BN, 32) float32, exact
-                acc = _mma(acc, _x_tile(x_ptr, rm, mmask, stride_xm, kk, kmask), w, IEEE)
-        cols = col + rn
-        if DIRECT:
-            total = tl.zeros((BM, BN), dtype=tl.float32) + acc
-            _finish(total, y_ptr, bias_ptr, rm, mmask, cols, nmask, stride_ym, HAS_BIAS)
+        if GRID_SPLIT:
+            s_lo = tl.program_id(2)
+            s_hi = s_lo + 1
         else:
-            offs = (s * M + rm).to(tl.int64)[:, None] * NTOT + cols[None, :]
-            tl.store(part_ptr + offs, acc, mask=mmask[:, None] & nmask[None, :])
+            s_lo = 0
+            s_hi = SPLITS
+        total = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN) the splits' sums, in order
+        for s in range(s_lo, s_hi):
+            acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN) this split's chain
+            u0 = s * (KS // UNIT)
+            u1 = tl.minimum(u0 + KS // UNIT, nunits)
+            for u in range(u0, u1):
+                blk = rows + u * UBYTES
+                for c in tl.static_range(CHUNKS):
+                    kk = u * UNIT + c * 32 + tl.arange(0, 32)  # (32,)
+                    kmask = kk < K
+                    w = chunk(TYPE, blk, c, nmask, kmask)  # (BN, 32) float32, exact
+                    acc = _mma(acc, _x_tile(x_ptr, rm, mmask, stride_xm, kk, kmask), w, IEEE)
+            total += acc
+        cols = col + rn
+        if GRID_SPLIT:
+            offs = (s_lo * M + rm).to(tl.int64)[:, None] * NTOT + cols[None, :]
+            tl.store(part_ptr + offs, total, mask=mmask[:, None] & nmask[None, :])
+        else:
+            _finish(total, y_ptr, bias_ptr, rm, mmask, cols, nmask, stride_ym, HAS_BIAS)
 
     @triton.jit(do_not_specialize=["M", "NTOT", "SPLITS"])
     def _reduce(part_ptr, y_ptr, bias_ptr, M, NTOT, SPLITS, stride_ym, BM: tl.constexpr, BN: tl.constexpr,
@@ -150,30 +182,6 @@ if triton is not None:
                 w = chunk(TYPE, rows + u * UBYTES, c, nmask, kmask)  # (BN, 32)
                 tl.store(dst + kk[None, :], w.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & kmask[None, :])
 
-    @triton.jit(do_not_specialize=["M", "NB", "KS", "SPLITS"])
-    def _gemm(x_ptr, w_ptr, y_ptr, bias_ptr, M, NB, K, KS, SPLITS, stride_xm, stride_w, stride_ym, UNIT: tl.constexpr,
-              CHUNKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
-        """y (M, NB) = x @ w^T (+ bias), w (NB, K) decoded values: the fused kernel's splits and K order, the splits
-        summed in order in registers."""
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        mmask, nmask = rm < M, rn < NB
-        rows = w_ptr + rn.to(tl.int64)[:, None] * stride_w  # (BN, 1)
-        nunits = tl.cdiv(K, UNIT)
-        total = tl.zeros((BM, BN), dtype=tl.float32)
-        for s in range(SPLITS):
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            u0 = s * (KS // UNIT)
-            u1 = tl.minimum(u0 + KS // UNIT, nunits)
-            for u in range(u0, u1):
-                for c in tl.static_range(CHUNKS):
-                    kk = u * UNIT + c * 32 + tl.arange(0, 32)
-                    kmask = kk < K
-                    w = tl.load(rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)  # (BN, 32)
-                    acc = _mma(acc, _x_tile(x_ptr, rm, mmask, stride_xm, kk, kmask), w, IEEE)
-            total += acc
-        _finish(total, y_ptr, bias_ptr, rm, mmask, rn, nmask, stride_ym, HAS_BIAS)
-
 
 def available() -> Optional[str]:
     """None when these kernels can run, else why not."""
@@ -181,7 +189,7 @@ def available() -> Optional[str]:
 
 
 def decodes(type_id: int) -> bool:
-    """Whether blocks.py decodes this type on the GPU (others: torch, once per call, into the scratch)."""
+    """Whether blocks.py decodes this type on the GPU (others: torch, into a scratch of the compute dtype)."""
     return _ggml(type_id).name in UNITS
 
 
@@ -199,21 +207,18 @@ def _unit(type_id: int) -> tuple[int, int, int]:
     return t.block, t.nbytes, max(1, t.block // 32)
 
 
-@functools.lru_cache(maxsize=None)
 def multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return card(device).sms
 
 
 def plan_splits(ntot: int, cols: int, type_ids: Sequence[int], sms: int) -> tuple[int, int]:
-    """(splits, values per split) of a (ntot, cols) weight group: enough programs for `sms` multiprocessors in the
-    fused kernel, each split a whole number of every type's units. A function of the shapes and the GPU, never of
-    the row count."""
+    """(splits, values per split) of a (ntot, cols) weight group: enough programs for `sms` multiprocessors at few
+    rows, each split a whole number of every type's units. A function of the shapes and the GPU, never of the row
+    count."""
     unit = max(_unit(t)[0] for t in type_ids)  # 32 or 256: a multiple of every unit in the group
     units = -(-cols // unit)
-    tiles = -(-ntot // FUSED_BN)
-    want = -(-PROGRAMS_PER_SM * sms // tiles)
+    tiles_n = -(-ntot // PLAN_BN)
+    want = -(-PROGRAMS_PER_SM * sms // tiles_n)
     splits = max(1, min(want, MAX_SPLIT, units))
     per = -(-units // splits)
     return -(-units // per), per * unit
@@ -233,86 +238,76 @@ def decode(qweight: torch.Tensor, type_id: int, cols: int, dtype: torch.dtype,
         return out
     values, nbytes, chunks = _unit(type_id)
     grid = (triton.cdiv(n, DECODE_BN), triton.cdiv(triton.cdiv(cols, values), DECODE_UNITS))
-    _decode[grid](qweight, out, n, cols, qweight.stride(0), out.stride(0), TYPE=_ggml(type_id).name, UNIT=values,
-                  UBYTES=nbytes, CHUNKS=chunks, BN=DECODE_BN, UNITS=DECODE_UNITS)
+    launch(_decode, grid, qweight, out, n, cols, qweight.stride(0), out.stride(0), TYPE=_ggml(type_id).name,
+           UNIT=values, UBYTES=nbytes, CHUNKS=chunks, BN=DECODE_BN, UNITS=DECODE_UNITS)
     return out
 
 
 def linear(x2d: torch.Tensor, weights: Sequence[tuple[torch.Tensor, int]], cols: int,
            bias: Optional[torch.Tensor] = None, rows_hint: Optional[int] = None) -> torch.Tensor:
     """x2d (M, cols) @ [W0; W1; ...]^T (+ bias (sum N,)) -> (M, sum N) in x2d's dtype; each W (N_i, row_bytes) ggml
-    blocks of its type. CUDA tensors, or CPU tensors under Triton's interpreter (tests). `rows_hint`: choose the
-    path as for that many rows (tests: both paths at any M; the bits are the same either way)."""
+    blocks of its type. CUDA tensors, or CPU tensors under Triton's interpreter (tests). `rows_hint`: tile as for
+    that many rows (tests: every tiling at any M; the bits are the same either way)."""
     x2d = x2d if x2d.stride(-1) == 1 else x2d.contiguous()
     weights = [(w if w.stride(-1) == 1 else w.contiguous(), t) for w, t in weights]
     m, ntot = x2d.shape[0], sum(w.shape[0] for w, _ in weights)
     y = torch.empty((m, ntot), dtype=x2d.dtype, device=x2d.device)  # (M, sum N)
     if m == 0 or ntot == 0:
         return y
-    type_ids = [t for _, t in weights]
-    splits, ks = plan_splits(ntot, cols, type_ids, multiprocessors(x2d.device))
-    ieee = x2d.dtype == torch.float32
-    few = (rows_hint if rows_hint is not None else m) <= FUSED_MAX_ROWS
-    if few and all(decodes(t) for t in type_ids):
-        _fused_linear(x2d, weights, cols, bias, y, splits, ks, ieee)
-    else:
-        _scratch_linear(x2d, weights, cols, bias, y, splits, ks, ieee)
+    gpu = card(x2d.device)
+    splits, ks = plan_splits(ntot, cols, [t for _, t in weights], gpu.sms)
+    rows = rows_hint if rows_hint is not None else m
+    part = None  # the splits side by side: (splits, M, sum N) float32 partials
+    if splits > 1 and rows <= GRID_SPLIT_ROWS:
+        part = torch.empty((splits, m, ntot), dtype=torch.float32, device=y.device)
+    offsets = [0]
+    for w, _ in weights:
+        offsets.append(offsets[-1] + w.shape[0])
+    by_type: dict[int, list[int]] = {}
+    for i, (w, t) in enumerate(weights):
+        if decodes(t):
+            by_type.setdefault(t, []).append(i)
+        else:  # decoded by torch, a band at a time, then multiplied as a float weight of the compute dtype
+            _torch_decoded(x2d, w, t, cols, bias, y, part, offsets[i], splits, ks, rows, gpu)
+    for t, members in by_type.items():
+        for g in range(0, len(members), 3):  # up to 3 weights of one type per launch
+            group = members[g : g + 3]
+            _launch_fused(x2d, [weights[i][0] for i in group], _ggml(t).name, _unit(t), cols, bias, y, part,
+                          [offsets[i] for i in group], splits, ks, rows, gpu)
+    if part is not None:
+        grid = (triton.cdiv(m, REDUCE_BM), triton.cdiv(ntot, REDUCE_BN))
+        launch(_reduce, grid, part, y, bias if bias is not None else y, m, ntot, splits, y.stride(0), BM=REDUCE_BM,
+               BN=REDUCE_BN, HAS_BIAS=bias is not None)
     return y
 
 
-def _fused_linear(x2d, weights, cols, bias, y, splits, ks, ieee) -> None:
+def _launch_fused(x2d, ws, type_name, unit, cols, bias, y, part, starts, splits, ks, rows, gpu) -> None:
+    """One `_fused` launch over up to 3 weights of one type, landing in y's columns starts[i] on; the splits side
+    by side into `part` where it is given, else one after the other in each program."""
     m, ntot = y.shape
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    part = None if splits == 1 else torch.empty((splits, m, ntot), dtype=torch.float32, device=y.device)
-    offsets, col = [], 0
-    for w, _ in weights:
-        offsets.append(col)
-        col += w.shape[0]
-    by_type: dict[int, list[int]] = {}
-    for i, (_, t) in enumerate(weights):
-        by_type.setdefault(t, []).append(i)
-    for t, members in by_type.items():
-        values, nbytes, chunks = _unit(t)
-        for g in range(0, len(members), 3):  # up to 3 weights of one type per launch
-            group = members[g : g + 3]
-            ws = [weights[i][0] for i in group] + [weights[group[0]][0]] * (3 - len(group))
-            ns = [weights[i][0].shape[0] for i in group] + [0] * (3 - len(group))
-            cs = [offsets[i] for i in group] + [0] * (3 - len(group))
-            tiles = sum(triton.cdiv(n, FUSED_BN) for n in ns)
-            grid = (triton.cdiv(m, bm), tiles, splits)
-            _fused[grid](x2d, ws[0], ws[1], ws[2], y, part if part is not None else y,
-                         bias if bias is not None else y, m, cols, ws[0].stride(0), ns[0], ns[1], ns[2], cs[0], cs[1],
-                         cs[2], ntot, ks, x2d.stride(0), y.stride(0), TYPE=_ggml(t).name, UNIT=values, UBYTES=nbytes,
-                         CHUNKS=chunks, BM=bm, BN=FUSED_BN, DIRECT=part is None, HAS_BIAS=bias is not None,
-                         IEEE=ieee)
-    if part is not None:
-        grid = (triton.cdiv(m, REDUCE_BM), triton.cdiv(ntot, REDUCE_BN))
-        _reduce[grid](part, y, bias if bias is not None else y, m, ntot, splits, y.stride(0), BM=REDUCE_BM,
-                      BN=REDUCE_BN, HAS_BIAS=bias is not None)
+    values, nbytes, chunks = unit
+    tile = tiles(rows, x2d.dtype, chunks, gpu)
+    ns = [w.shape[0] for w in ws] + [0] * (3 - len(ws))
+    cs = list(starts) + [0] * (3 - len(ws))
+    ws = list(ws) + [ws[0]] * (3 - len(ws))
+    grid_split = part is not None
+    grid = (triton.cdiv(m, tile.bm), sum(triton.cdiv(n, tile.bn) for n in ns), splits if grid_split else 1)
+    launch(_fused, grid, x2d, ws[0], ws[1], ws[2], y, part if grid_split else y, bias if bias is not None else y,
+           m, cols, ws[0].stride(0), ns[0], ns[1], ns[2], cs[0], cs[1], cs[2], ntot, ks, splits, x2d.stride(0),
+           y.stride(0), TYPE=type_name, UNIT=values, UBYTES=nbytes, CHUNKS=chunks, BM=tile.bm, BN=tile.bn,
+           GRID_SPLIT=grid_split, HAS_BIAS=bias is not None, IEEE=x2d.dtype == torch.float32, num_warps=tile.warps,
+           num_stages=tile.stages)
 
 
-def _scratch_linear(x2d, weights, cols, bias, y, splits, ks, ieee) -> None:
-    """Decode bands of weight rows into a scratch, then the GEMM of each band."""
-    m, ntot = y.shape
-    elem = x2d.element_size()
-    band = max(GEMM_BN, SCRATCH_BYTES // max(1, cols * elem) // GEMM_BN * GEMM_BN)
-    band = min(band, ntot)
-    scratch = torch.empty((band, cols), dtype=x2d.dtype, device=x2d.device)  # (band, cols) decoded rows
-    unit = max(_unit(t)[0] for t in (t for _, t in weights))
-    chunks = unit // 32
-    starts, col = [], 0
-    for w, _ in weights:
-        starts.append(col)
-        col += w.shape[0]
-    for b0 in range(0, ntot, band):
-        b1 = min(ntot, b0 + band)
-        for (w, t), c0 in zip(weights, starts):  # the weights' rows within this band
-            lo, hi = max(b0, c0), min(b1, c0 + w.shape[0])
-            if lo < hi:
-                decode(w[lo - c0 : hi - c0], t, cols, x2d.dtype, out=scratch[lo - b0 : hi - b0])
-        nb = b1 - b0
-        out = y[:, b0:b1]
-        grid = (triton.cdiv(m, GEMM_BM), triton.cdiv(nb, GEMM_BN))
-        _gemm[grid](x2d, scratch, out, bias[b0:b1] if bias is not None else out, m, nb, cols, ks, splits,
-                    x2d.stride(0), scratch.stride(0), out.stride(0), UNIT=unit, CHUNKS=chunks, BM=GEMM_BM,
-                    BN=GEMM_BN, HAS_BIAS=bias is not None, IEEE=ieee, num_warps=GEMM_WARPS)
+def _torch_decoded(x2d, w, type_id, cols, bias, y, part, start, splits, ks, rows, gpu) -> None:
+    """A weight of a type blocks.py lacks: torch decodes bands of its rows into a scratch in the compute dtype
+    (exact, rounded once), each multiplied by `_fused` as a float weight with the group's split plan."""
+    n, elem = w.shape[0], x2d.element_size()
+    band = max(PLAN_BN, SCRATCH_BYTES // max(1, cols * elem) // PLAN_BN * PLAN_BN)
+    name = FLOAT_TYPE[x2d.dtype]
+    scratch = torch.empty((min(band, n), cols), dtype=x2d.dtype, device=x2d.device)  # (band, cols) decoded rows
+    for r0 in range(0, n, band):
+        r1 = min(n, r0 + band)
+        decoded = decode(w[r0:r1], type_id, cols, x2d.dtype, out=scratch[: r1 - r0])
+        raw = decoded.view(torch.uint8)  # (rows, cols * elem): the float type's bytes
+        _launch_fused(x2d, [raw], name, UNITS[name], cols, bias, y, part, [start + r0], splits, ks, rows, gpu)

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from .blocks import triton
+from .launch import launch
 
 if triton is not None:
     import triton.language as tl
@@ -45,7 +46,7 @@ if triton is not None:
         b = (rot * sin).to(x.dtype).to(tl.float32)
         return a + b
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["cap"])
     def _rope_kv(qkv_ptr, cos_ptr, sin_ptr, slots_ptr, q_ptr, k_ptr, v_ptr, stride_qkv, stride_cs, cap,
                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HP: tl.constexpr, HKVP: tl.constexpr):
         """Row m of qkv ((H + 2 HKV) * D: q heads, k heads, v heads): q rotated into q (M, H, D); k rotated and v
@@ -86,9 +87,9 @@ def add_rms_norm(h: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.T
     hout = torch.empty_like(h) if delta is not None else h  # (M, E) the residual stream
     if m:
         block = _pow2(e)
-        _add_rms_norm[(m,)](h, delta if delta is not None else h, weight, hout, x, e, float(eps), h.stride(0),
-                            (delta if delta is not None else h).stride(0), hout.stride(0), x.stride(0), BLOCK=block,
-                            HAS_DELTA=delta is not None, num_warps=8 if block >= 4096 else 4)
+        launch(_add_rms_norm, (m,), h, delta if delta is not None else h, weight, hout, x, e, float(eps), h.stride(0),
+               (delta if delta is not None else h).stride(0), hout.stride(0), x.stride(0), BLOCK=block,
+               HAS_DELTA=delta is not None, num_warps=8 if block >= 4096 else 4)
     return hout, x
 
 
@@ -102,6 +103,6 @@ def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torc
     if m:
         assert qkv.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1 and cos.stride(0) == sin.stride(0)
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and d & (d - 1) == 0
-        _rope_kv[(m,)](qkv, cos, sin, slots, q, k_cache, v_cache, qkv.stride(0), cos.stride(0), k_cache.shape[1],
-                       H=heads, HKV=kv_heads, D=d, HP=_pow2(heads), HKVP=_pow2(kv_heads))
+        launch(_rope_kv, (m,), qkv, cos, sin, slots, q, k_cache, v_cache, qkv.stride(0), cos.stride(0),
+               k_cache.shape[1], H=heads, HKV=kv_heads, D=d, HP=_pow2(heads), HKVP=_pow2(kv_heads))
     return q

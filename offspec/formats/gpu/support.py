@@ -8,7 +8,7 @@ from typing import Any, Optional
 import torch
 
 from ..modules import QLinear
-from .choice import cuda_kernels
+from .choice import cuda_kernels, fallback
 
 SUPPORTED = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -23,6 +23,8 @@ def cuda_layers(model: Any, device: torch.device, dtype: torch.dtype) -> Optiona
         return f"{LAYERS_VARIABLE}=transformers"
     if device.type != "cuda":
         return "offspec's CUDA layers run on CUDA"
+    if fallback() is not None:
+        return f"offspec's CUDA layers need the Triton kernels, which cannot run on this GPU ({fallback()})"
     if cuda_kernels() != "triton":
         return "offspec's CUDA layers need the Triton kernels (OFFSPEC_CUDA_KERNELS, or Triton is missing)"
     if dtype not in DTYPES:

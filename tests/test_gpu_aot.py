@@ -1,0 +1,197 @@
+"""offspec's Triton kernels compiled ahead of time on this CPU for sm_80, sm_86, sm_89 and sm_90 (Triton's compiler
+and its bundled ptxas; offspec/formats/gpu/aot.py), the launches recorded from the real code (launch.recording):
+
+- every kernel configuration fits each card's shared memory and registers (Triton's interpreter checks none: the
+  H100 found `_gemm` needing 262,144 B of its 232,448). Quick: the largest linear tiles per card, the layer
+  kernels on the smallest card; slow: every type, dtype and tiling, the decode, attention, norms and RoPE;
+- a linear's rows go through one arithmetic at every row count: the launches of 1, 17, 64 and 1,024 rows use the
+  same operand layouts (MMA version, instruction shape, kWidth: the K order inside an instruction), the same PTX
+  arithmetic, no contraction, mma.sync and never wgmma; the negative controls show the comparison sees what broke
+  the H100's rows (kWidth 4 against 2, fused multiply-adds where contraction was on).
+
+Compiled kernels are kept per process and in Triton's cache on disk (a warm run takes a few seconds).
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="needs Triton (pip install triton; a dev dependency on Linux x86-64)")
+
+ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+             "IQ4_NL", "IQ4_XS")
+ROW_COUNTS = (1, 17, 64, 1024)
+CARD_NAMES = ("sm_80", "sm_86", "sm_89", "sm_90")
+
+
+def _linear_launches(type_name, dtype, rows, gpu, cols=1024, ntot=300, bias=True, group=1):
+    """The launches `linear` makes for `rows` rows of a (ntot, cols) weight of `type_name` on `gpu` (nothing runs)."""
+    from offspec.formats.ggml import ggml_type
+    from offspec.formats.gpu import linear as gl
+    from offspec.formats.gpu.launch import recording
+
+    t = ggml_type(type_name)
+    weights = [(torch.zeros((ntot // group, t.row_bytes(cols)), dtype=torch.uint8), t.id) for _ in range(group)]
+    x = torch.zeros((rows, cols), dtype=dtype)  # (rows, cols)
+    b = torch.zeros(ntot // group * group, dtype=dtype) if bias else None
+    with recording(gpu) as launches:
+        gl.linear(x, weights, cols, b)
+    return launches
+
+
+def _layer_launches(dtype, gpu, heads=32, kv_heads=8, head_dim=128, hidden=4096):
+    from offspec.formats.gpu.launch import recording
+    from offspec.formats.gpu.probe import LayerCase, _layer_kernels
+
+    with recording(gpu) as launches:
+        _layer_kernels(LayerCase(hidden, heads, kv_heads, head_dim), torch.device("cpu"), dtype)
+    return launches
+
+
+def _check_resources(launches, gpu):
+    from offspec.formats.gpu import aot
+
+    for launch in launches:
+        kernel = aot.compile_launch(launch, gpu)
+        used = aot.resources(kernel)
+        assert used.registers is not None, "no cuobjdump to read the registers with (Triton's wheel bundles one)"
+        constants = {k: v for k, v in launch.kwargs.items() if k.isupper() or k.startswith("num_")}
+        assert not used.problems(gpu), (gpu.name, launch.kernel.fn.__name__, constants, used)
+
+
+def _arithmetic(launches, gpu):
+    """What rows go through in these launches together: the union of their kernels' arithmetic."""
+    from offspec.formats.gpu import aot
+
+    dots, instructions = set(), set()
+    for launch in launches:
+        a = aot.arithmetic(aot.compile_launch(launch, gpu))
+        dots |= set(a.dots)
+        instructions |= a.instructions
+        assert not aot.contractible(a), (launch.kernel.fn.__name__, aot.contractible(a))
+    return aot.Arithmetic(tuple(sorted(dots, key=repr)), frozenset(instructions))
+
+
+@pytest.mark.parametrize("card", ("sm_80", "sm_89", "sm_90"))
+def test_the_largest_linear_tiles_fit_every_card(card):
+    """Per limit (sm_86 has sm_89's, hence its tiles): the K-quant linear at 1,024 rows in bfloat16, the tiles with
+    the most shared memory (sm_86, the 16-row tiles and every other type: the slow test)."""
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS[card]
+    _check_resources(_linear_launches("Q4_K", torch.bfloat16, 1024, gpu), gpu)
+
+
+def test_the_layer_kernels_fit_the_smallest_card():
+    """Attention (both parts), the norms and RoPE at heads of 128 on a card of 99 KB per block (every card, dtype
+    and head size: the slow test)."""
+    from offspec.formats.gpu.launch import CARDS
+
+    _check_resources(_layer_launches(torch.bfloat16, CARDS["sm_89"]), CARDS["sm_89"])
+
+
+@pytest.mark.parametrize("card", ("sm_80", "sm_90"))
+def test_a_linear_runs_one_arithmetic_at_every_row_count(card):
+    """Q8_0 (every type, bfloat16 and float32, three weights in a group: the slow test)."""
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS[card]
+    seen = {rows: _arithmetic(_linear_launches("Q8_0", torch.bfloat16, rows, gpu), gpu) for rows in ROW_COUNTS}
+    assert len(set(seen.values())) == 1, seen
+    arithmetic = seen[1]
+    assert any(op.startswith("mma.sync.aligned.m16n8k16") for op in arithmetic.instructions), arithmetic
+    assert not any(op.startswith(("wgmma", "tcgen05")) for op in arithmetic.instructions), arithmetic
+    assert all(layout[2].startswith("mma v2") for dot in arithmetic.dots for layout in dot[0]), arithmetic.dots
+
+
+def test_the_comparison_sees_what_made_the_h100s_rows_differ():
+    """The two causes, seen by the same comparison: a weight decoded from bytes gets operands of kWidth 4 (K ordered
+    otherwise inside each mma.sync) where one loaded as 16-bit values gets 2 (the old scratch GEMM against the fused
+    kernel); with contraction on, the assembler is left multiplies and adds it may fuse where it likes."""
+    from offspec.formats.gpu import aot
+    from offspec.formats.gpu.launch import CARDS, Launch
+
+    gpu = CARDS["sm_90"]
+    quant = _arithmetic(_linear_launches("Q8_0", torch.bfloat16, 1024, gpu), gpu)
+    floats = _arithmetic(_linear_launches("F16", torch.bfloat16, 1024, gpu), gpu)
+    assert {layout[1] for dot in quant.dots for layout in dot[0]} == {4}
+    assert {layout[1] for dot in floats.dots for layout in dot[0]} == {2}
+    assert quant != floats  # what the row-count comparison above reports where two paths feed mma.sync differently
+    reduce = next(lc for lc in _linear_launches("Q8_0", torch.bfloat16, 1, gpu) if lc.kernel.fn.__name__ == "_reduce")
+    fused = Launch(reduce.kernel, reduce.grid, reduce.args, dict(reduce.kwargs, enable_fp_fusion=True))
+    assert aot.contractible(aot.arithmetic(aot.compile_launch(fused, gpu)))  # contraction on: add.f32, free to fuse
+    assert not aot.contractible(aot.arithmetic(aot.compile_launch(reduce, gpu)))  # as offspec launches it
+
+
+def test_without_disable_mma_v3_hopper_would_get_wgmma(monkeypatch):
+    """What launch.py's DISABLE_MMA_V3 keeps away (read by triton 3.6 and 3.9 alike when a kernel compiles)."""
+    from offspec.formats.gpu import aot
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS["sm_90"]
+    prefix = next(lc for lc in _layer_launches(torch.bfloat16, gpu, 4, 2, 64, 256) if lc.kernel.fn.__name__ == "_prefix")
+    assert not any(op.startswith("wgmma") for op in aot.arithmetic(aot.compile_launch(prefix, gpu)).instructions)
+    monkeypatch.delenv("DISABLE_MMA_V3")
+    assert any(op.startswith("wgmma") for op in aot.arithmetic(aot.compile_launch(prefix, gpu)).instructions)
+
+
+def test_tiles_follow_the_cards_shared_memory():
+    from offspec.formats.gpu.launch import CARDS
+    from offspec.formats.gpu.linear import tiles
+
+    small, large = CARDS["sm_89"], CARDS["sm_90"]
+    assert tiles(1, torch.bfloat16, 8, small).bm == 16 and tiles(1024, torch.bfloat16, 8, small).bm == 64
+    assert tiles(1024, torch.bfloat16, 8, small).stages < tiles(1024, torch.bfloat16, 8, large).stages
+    assert tiles(1024, torch.float32, 8, small).stages < tiles(1024, torch.bfloat16, 8, small).stages
+    assert tiles(1024, torch.bfloat16, 1, small).stages == 3  # a 32-value unit's tiles fit three stages anywhere
+
+
+def test_attention_tiles_follow_the_cards_shared_memory():
+    """float32 heads of 128 took 180,480 B in 64-row tiles, 3 stages deep (the slow sweep found it on sm_86)."""
+    from offspec.formats.gpu.attention import BLOCK_N, tiles
+    from offspec.formats.gpu.launch import CARDS
+
+    small, large = CARDS["sm_89"].max_shared, CARDS["sm_90"].max_shared
+    assert tiles(128, BLOCK_N, 4, small)[0] < 64 and tiles(128, BLOCK_N, 4, large)[0] == 64
+    assert tiles(128, BLOCK_N, 2, small) == (64, 2) and tiles(128, BLOCK_N, 2, large) == (64, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("card", CARD_NAMES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_every_configuration_fits_every_card(card, dtype):
+    """Every type's linear at each tiling (with and without a bias), its decode, and the layer kernels of heads of
+    64 and 128, for one card and dtype (about a minute each, more in float32)."""
+    from offspec.formats.gpu.launch import CARDS
+
+    from offspec.formats.ggml import ggml_type
+    from offspec.formats.gpu import linear as gl
+    from offspec.formats.gpu.launch import recording
+
+    gpu = CARDS[card]
+    for type_name in ALL_TYPES:
+        for rows in (1, 17, 1024):
+            _check_resources(_linear_launches(type_name, dtype, rows, gpu), gpu)
+        _check_resources(_linear_launches(type_name, dtype, 1, gpu, bias=False), gpu)
+        t = ggml_type(type_name)
+        with recording(gpu) as decodes:  # a token table's rows (float32) and a weight into the compute dtype
+            gl.decode(torch.zeros((70, t.row_bytes(512)), dtype=torch.uint8), t.id, 512, torch.float32)
+            gl.decode(torch.zeros((70, t.row_bytes(512)), dtype=torch.uint8), t.id, 512, dtype)
+        _check_resources(decodes, gpu)
+    _check_resources(_layer_launches(dtype, gpu), gpu)
+    _check_resources(_layer_launches(dtype, gpu, 14, 2, 64, 896), gpu)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("card", ("sm_80", "sm_90"))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_every_types_linear_runs_one_arithmetic_at_every_row_count(card, dtype):
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS[card]
+    for type_name in ALL_TYPES:
+        seen = {rows: _arithmetic(_linear_launches(type_name, dtype, rows, gpu, group=3), gpu) for rows in ROW_COUNTS}
+        assert len(set(seen.values())) == 1, (type_name, seen)
+        assert not any(op.startswith(("wgmma", "tcgen05")) for a in seen.values() for op in a.instructions)
