@@ -1,9 +1,11 @@
-"""offspec's Triton kernels compiled ahead of time on this CPU for sm_80, sm_86, sm_89 and sm_90 (Triton's compiler
+"""offspec's Triton kernels compiled ahead of time on this CPU for sm_80, sm_89 and sm_90 (Triton's compiler
 and its bundled ptxas; offspec/formats/gpu/aot.py), the launches recorded from the real code (launch.recording):
 
 - every kernel configuration fits each card's shared memory and registers (Triton's interpreter checks none: the
   H100 found `_gemm` needing 262,144 B of its 232,448). Quick: the largest linear tiles per card, the layer
-  kernels on the smallest card; slow: every type, dtype and tiling, the decode, attention, norms and RoPE;
+  kernels on the smallest card; slow: every type at each card's largest tiles, every tiling and decode on the
+  smallest card, the layer kernels on every card (sm_86 has sm_89's limits, float16 bfloat16's bytes: the same
+  tiles);
 - a linear's rows go through one arithmetic at every row count: the launches of 1, 17, 64 and 1,024 rows use the
   same operand layouts (MMA version, instruction shape, kWidth: the K order inside an instruction), the same PTX
   arithmetic, no contraction, mma.sync and never wgmma; the negative controls show the comparison sees what broke
@@ -23,7 +25,6 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
              "IQ4_NL", "IQ4_XS")
 ROW_COUNTS = (1, 17, 64, 1024)
-CARD_NAMES = ("sm_80", "sm_86", "sm_89", "sm_90")
 
 
 def _linear_launches(type_name, dtype, rows, gpu, cols=1024, ntot=300, bias=True, group=1):
@@ -77,7 +78,7 @@ def _arithmetic(launches, gpu):
 @pytest.mark.parametrize("card", ("sm_80", "sm_89", "sm_90"))
 def test_the_largest_linear_tiles_fit_every_card(card):
     """Per limit (sm_86 has sm_89's, hence its tiles): the K-quant linear at 1,024 rows in bfloat16, the tiles with
-    the most shared memory (sm_86, the 16-row tiles and every other type: the slow test)."""
+    the most shared memory (every other type, float32, the 16-row tiles: the slow tests)."""
     from offspec.formats.gpu.launch import CARDS
 
     gpu = CARDS[card]
@@ -86,7 +87,7 @@ def test_the_largest_linear_tiles_fit_every_card(card):
 
 def test_the_layer_kernels_fit_the_smallest_card():
     """Attention (both parts), the norms and RoPE at heads of 128 on a card of 99 KB per block (every card, dtype
-    and head size: the slow test)."""
+    and head size: the slow tests)."""
     from offspec.formats.gpu.launch import CARDS
 
     _check_resources(_layer_launches(torch.bfloat16, CARDS["sm_89"]), CARDS["sm_89"])
@@ -159,35 +160,51 @@ def test_attention_tiles_follow_the_cards_shared_memory():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("card", CARD_NAMES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_every_configuration_fits_every_card(card, dtype):
-    """Every type's linear at each tiling (with and without a bias), its decode, and the layer kernels of heads of
-    64 and 128, for one card and dtype (about a minute each, more in float32)."""
+@pytest.mark.parametrize("card", ("sm_80", "sm_89", "sm_90"))
+def test_every_types_largest_tiles_and_the_layer_kernels_fit_every_card(card):
+    """Per card limit: every type's linear at 1,024 rows (the 64-row tiles, their pipelining as deep as the card's
+    shared memory allows: what the H100 could not launch) and the layer kernels of heads of 128 (attention's tiles
+    follow the card too), in bfloat16 and float32. float16 takes bfloat16's bytes, hence its tiles; sm_86 has
+    sm_89's limits, hence its tiles."""
     from offspec.formats.gpu.launch import CARDS
 
+    gpu = CARDS[card]
+    for dtype in (torch.bfloat16, torch.float32):
+        for type_name in ALL_TYPES:
+            _check_resources(_linear_launches(type_name, dtype, 1024, gpu), gpu)
+        _check_resources(_layer_launches(dtype, gpu), gpu)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_every_tiling_and_decode_fits_the_smallest_card(dtype):
+    """sm_89 (99 KB a block, as the RTX 3090 and 4090): every type's linear at 1 and 17 rows (the 16-row tiles; the
+    split sums), without a bias, its decodes (a token table's rows in float32, a weight into the compute dtype), and
+    the layer kernels of heads of 64. Registers per thread and per block have one limit on every card from sm_80 to
+    sm_90; shared memory is smallest here (the largest tiles on the other cards: the test above)."""
     from offspec.formats.ggml import ggml_type
     from offspec.formats.gpu import linear as gl
-    from offspec.formats.gpu.launch import recording
+    from offspec.formats.gpu.launch import CARDS, recording
 
-    gpu = CARDS[card]
+    gpu = CARDS["sm_89"]
     for type_name in ALL_TYPES:
-        for rows in (1, 17, 1024):
+        for rows in (1, 17):
             _check_resources(_linear_launches(type_name, dtype, rows, gpu), gpu)
         _check_resources(_linear_launches(type_name, dtype, 1, gpu, bias=False), gpu)
         t = ggml_type(type_name)
-        with recording(gpu) as decodes:  # a token table's rows (float32) and a weight into the compute dtype
+        with recording(gpu) as decodes:
             gl.decode(torch.zeros((70, t.row_bytes(512)), dtype=torch.uint8), t.id, 512, torch.float32)
             gl.decode(torch.zeros((70, t.row_bytes(512)), dtype=torch.uint8), t.id, 512, dtype)
         _check_resources(decodes, gpu)
-    _check_resources(_layer_launches(dtype, gpu), gpu)
     _check_resources(_layer_launches(dtype, gpu, 14, 2, 64, 896), gpu)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("card", ("sm_80", "sm_90"))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("card, dtype", [("sm_90", torch.bfloat16), ("sm_80", torch.float32)], ids=str)
 def test_every_types_linear_runs_one_arithmetic_at_every_row_count(card, dtype):
+    """Each type in a group of three weights, at 1, 17, 64 and 1,024 rows: both cards' MMA (v2 on both: no wgmma)
+    and both operand widths (16-bit values, float32 as tf32-free IEEE products), one pair each (every pair cost
+    six minutes more of CI with Triton's cache cold)."""
     from offspec.formats.gpu.launch import CARDS
 
     gpu = CARDS[card]
