@@ -178,11 +178,11 @@ def test_every_types_largest_tiles_and_the_layer_kernels_fit_every_card(card):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_every_tiling_and_decode_fits_the_smallest_card(dtype):
-    """sm_89 (99 KB a block, as the RTX 3090 and 4090): every type's linear at 1 and 17 rows (the 16-row tiles; the
-    split sums; with a bias: without one a launch only loads less), its decodes (a token table's rows in float32, a
-    weight into the compute dtype), and the layer kernels of heads of 64. Registers per thread and per block have one
-    limit on every card from sm_80 to sm_90; shared memory is smallest here (the largest tiles on the other cards:
-    the test above)."""
+    """sm_89 (99 KB a block, as the RTX 3090 and 4090): every type's linear at 1 row (the 16-row tiles) and 17 (the
+    64-row tiles, the K splits summed apart), with a bias (without one a launch only loads less), its decodes (a
+    token table's rows in float32, a weight into the compute dtype), and the layer kernels of heads of 64. Registers
+    per thread and per block have one limit on every card from sm_80 to sm_90; shared memory is smallest here (the
+    largest tiles on the other cards: the test above)."""
     from offspec.formats.ggml import ggml_type
     from offspec.formats.gpu import linear as gl
     from offspec.formats.gpu.launch import CARDS, recording
