@@ -128,7 +128,8 @@ def test_stored_weights_are_bitwise_what_transformers_reads(cache, ggufs, name):
     assert len(lowbit) >= 7  # every linear layer, the token table and the LM head
     for module_name, module in lowbit.items():
         cols = module.in_features if isinstance(module, QLinear) else module.embedding_dim
-        weight = kernels.dequantize_rows(module.qweight.cpu(), module.type_id, cols)
+        rows = kernels.stored_rows(module) if isinstance(module, QLinear) else module.qweight
+        weight = kernels.dequantize_rows(rows.cpu(), module.type_id, cols)
         assert torch.equal(weight, reference[module_name + ".weight"]), module_name  # llama: q/k rows reordered
     if name == "tied":
         assert model.get_output_embeddings().qweight is model.get_input_embeddings().qweight
@@ -162,7 +163,7 @@ def test_every_low_bit_layer_computes_the_reference_arithmetic_on_its_inputs(cac
     checked = []
 
     def check(module, args, output):
-        want = _reference_linear(args[0], module.qweight, module.type_id, module.in_features, module.bias)
+        want = _reference_linear(args[0], kernels.stored_rows(module), module.type_id, module.in_features, module.bias)
         torch.testing.assert_close(output, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
         checked.append(module)
 
@@ -214,6 +215,14 @@ def test_speculative_greedy_equals_the_target_alone_resident_and_streamed(cache,
     placement = streamed.info.extra["placement"]
     assert placement["layers"]["ssd"] >= 1 and placement["quant"] == "ggml"
     assert streamed.generate("Hello there", max_new_tokens=48, speculate=False).token_ids == plain.token_ids
+    if arch != "iq4":  # Q4_K/Q6_K weights: the resident layers' rows interleaved for the kernels, streamed ones not
+        resident_layers = [m for n, m in _lowbit(resident.engine.target.model).items() if ".layers." in n]
+        streamed_layers = [m for n, m in _lowbit(streamed.engine.target.model).items() if ".layers." in n]
+        wanted = kernels.interleaves()  # AVX2 or better (a scalar build keeps rows)
+        assert all(m.interleaved == wanted for m in resident_layers
+                   if KERNEL_TYPES[m.type_id].name in kernels.X16_NAMES and m.out_features >= 16)
+        assert any(m.interleaved for m in resident_layers) == wanted
+        assert not any(m.interleaved for m in streamed_layers)
     accepted = 0
     for gen in (resident, streamed):
         for nodes in (1, 8, 64):

@@ -70,6 +70,25 @@ def test_avx512_without_vnni_computes_the_same_bits(two_builds, no_vnni, type_na
                 assert torch.equal(ext.qgemm(x[:m].clone(), raw, tid, cols).view(torch.int32), want[:m].view(torch.int32))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("type_name", kernels.X16_NAMES)
+def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vnni, type_name):
+    """The x16 kernels (csrc/ggml_x16.h) at 8 lanes (AVX2: a group in two halves) and at 16 (AVX-512, with VNNI's
+    dot products or without) compute the row-major kernels' bits."""
+    wide, avx2 = two_builds
+    rng = np.random.default_rng(9)
+    tid, cols = ggml_type(type_name).id, 768  # 3 super-blocks: Q6_K's alternating layout
+    raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))  # two groups of 16, 5 rows row-major
+    x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
+    want = avx2.qgemm(x, raw, tid, cols)
+    for ext in (avx2, no_vnni, wide):
+        mixed = ext.interleave(raw, tid, cols, True)
+        assert torch.equal(mixed, wide.interleave(raw, tid, cols, True))  # one layout for every build
+        for m in (1, 4, 9):
+            got = ext.qgemm(x[:m].clone(), mixed, tid + kernels.X16_TYPES, cols)
+            assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), (ext.isa(), m)
+
+
 @pytest.fixture()
 def amx():
     """The kernels in use, with the AMX tiles on; skipped (with the reason) where the build or the CPU has none."""

@@ -76,7 +76,8 @@ def active(visible: Union[None, torch.Tensor, dict]) -> Iterator[None]:
 
 class _Parts(NamedTuple):
     projections: tuple  # q, k, v, o, gate, up, down: QLinear modules (None where fused into the one before); their
-    types: tuple  # weights are read at each call (streaming binds them for the pass); their ggml types
+    # weights and kernel types are read at each call (streaming binds them for the pass; a resident layer's rows may
+    # be interleaved after install)
     biased: tuple  # q, k and v (the fused qkv, None, None), whose biases the layer adds
     norms: tuple  # input, post-attention, pre-MLP, post-MLP, q, k: RMSNorm modules or None (layer.h's order)
     eps: float
@@ -130,8 +131,7 @@ def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[_
     if len(offsets) != 1:
         return "the layer mixes gemma and llama norms"
     head_dim = int(getattr(attn, "head_dim", 0) or config.hidden_size // config.num_attention_heads)
-    return _Parts(tuple(projections), tuple(p.type_id if p is not None else -1 for p in projections),
-                  tuple(projections[:3]), norms, eps.pop(), offsets.pop(), config.num_attention_heads,
+    return _Parts(tuple(projections), tuple(projections[:3]), norms, eps.pop(), offsets.pop(), config.num_attention_heads,
                   config.num_key_value_heads, head_dim, float(attn.scaling),
                   float(getattr(attn, "attn_logit_softcapping", None) or 0.0), ACTIVATIONS[act], window,
                   attn.layer_idx)
@@ -193,7 +193,8 @@ def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs
     cos, sin = position_embeddings  # (1, q, rotary dims) each
     k_cache, v_cache = cache.buffers(parts.layer_idx, hidden_states, parts.kv_heads, parts.head_dim)
     out = kernels.compiled().decoder_layer(
-        hidden_states[0].contiguous(), [_weight(p, "qweight") for p in parts.projections], list(parts.types),
+        hidden_states[0].contiguous(), [_weight(p, "qweight") for p in parts.projections],
+        [p.kernel_type if p is not None else -1 for p in parts.projections],
         [_weight(p, "bias") for p in parts.biased], [_weight(n, "weight") for n in parts.norms], parts.eps,
         parts.offset, cos[0].float().contiguous(), sin[0].float().contiguous(), k_cache, v_cache, cache.write_slots,
         cache.kv_len, visible[parts.window], parts.heads, parts.kv_heads, parts.head_dim, parts.scaling,

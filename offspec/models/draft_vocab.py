@@ -108,7 +108,7 @@ EXTRA_ROWS = 8192  # rows a reduced head keeps free for tokens the conversation 
 def _weight_of(head: nn.Module) -> Optional[torch.Tensor]:
     """The (rows, ...) weight rows of a QLinear (`qweight`: ggml blocks) or an nn.Linear; None for other heads."""
     if isinstance(head, QLinear):
-        return head.qweight
+        return kernels.stored_rows(head)  # row-major blocks: rows are gathered by token
     if type(head) is nn.Linear and not head.weight.is_meta:
         return head.weight.detach()
     return None

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from offspec.errors import OffspecError
+from offspec.formats import kernels
 from offspec.formats.modules import QEmbedding, QLinear
 from offspec.progress import ProgressEvent, ProgressFn
 from offspec.store.packed import HEADER, LayerSpec, PackedSet, dtype_of, mark_corrupt, payload_crc
@@ -93,8 +94,9 @@ def _read_payload(reader: FileReader, path: Path, spec: LayerSpec, into: torch.T
 
 
 def _mapped(path: Path, offset: int, nbytes: int) -> torch.Tensor:
-    """(nbytes,) uint8 host view of `path` from `offset`, memory-mapped copy-on-write (never written, so every page
-    stays the file's: read where touched, and dropped again under memory pressure)."""
+    """(nbytes,) uint8 host view of `path` from `offset`, memory-mapped copy-on-write: a page never written stays the
+    file's (read where touched, and dropped again under memory pressure); the pages of weights interleaved for the
+    CPU kernels (`_interleave_resident`) become the process's own, the same bytes in all."""
     return torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c", offset=offset, shape=(nbytes,)))
 
 
@@ -126,6 +128,14 @@ def _file_crc(path: Path, spec: LayerSpec) -> int:
     finally:
         os.close(fd)
     return crc & 0xFFFFFFFF
+
+
+def _interleave_resident(layer: nn.Module) -> None:
+    """A CPU-resident layer's Q4_K/Q6_K weights interleaved for the kernels, in place (formats.kernels.interleave:
+    a decoding step reads them 1.4-2x faster; the same results). Streamed layers keep their rows as stored."""
+    for module in layer.modules():
+        if isinstance(module, QLinear):
+            kernels.interleave(module)
 
 
 def _bind_payload(model: nn.Module, spec: LayerSpec, payload: torch.Tensor, dtype: torch.dtype) -> None:
@@ -243,6 +253,8 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
             else:  # host memory is the device: the file's own pages (see above)
                 payload = _map_payload(packed.path(i), spec)
             binding.bind(payload)
+            if not cuda:
+                _interleave_resident(layer)
         elif tier == "ram":
             buf = aligned_empty(spec.file_bytes, pin=cuda, device=device)  # (file_bytes,) host copy, pinned on CUDA
             sources.append(LayerSource(i, spec, ram=_read_payload(reader, packed.path(i), spec, buf)))

@@ -13,6 +13,8 @@
 #include "ggml_dot.h"
 
 #include <ATen/Parallel.h>
+
+#include "ggml_x16.h"
 #ifdef OFFSPEC_AMX
 #include "ggml_amx.h"
 #endif
@@ -47,7 +49,11 @@ inline int64_t amx_min_rows(int64_t type, int64_t K) { return type == Q6_K && K 
 }  // namespace
 
 torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
-  check_weight(w, type, K);
+  const bool x16 = is_x16(type);  // rows interleaved 16 at a time (ggml_x16.h): the kernels of the ggml type below
+  check_weight(w, x16 ? type - X16_TYPES : type, K);
+#ifndef OFFSPEC_AVX2
+  TORCH_CHECK(!x16, "offspec: interleaved weights need the AVX2 kernels");
+#endif
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.size(1) == K,
               "offspec: activations must be a (M, K) float32 CPU tensor");
   x = x.contiguous();
@@ -58,7 +64,7 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
 
-  if (!integer_kernel(type)) {  // float weights and the types without an integer kernel: exact decode + float dot
+  if (!x16 && !integer_kernel(type)) {  // float weights and the types without an integer kernel: exact decode + float dot
     at::parallel_for(0, N, GRAIN, [&](int64_t n0, int64_t n1) {
       std::vector<float> buf(K);  // (K,) one decoded weight row
       for (int64_t n = n0; n < n1; n++) {
@@ -69,7 +75,8 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
     return y;
   }
 
-  const int64_t ab = activation_block(type);
+  const int64_t base = x16 ? type - X16_TYPES : type;
+  const int64_t ab = activation_block(base);
   TORCH_CHECK(K % ab == 0, "offspec: K=", K, " is not a multiple of ", ab);
   const int64_t nb = K / QB, nd = K / ab;
   std::vector<int8_t> xq(M * K);        // (M, K) activations in 8 bits
@@ -84,6 +91,24 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   });
   XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
   if (!xo.empty()) xs.o = xo.data();
+#ifdef OFFSPEC_AVX2
+  if (x16) {
+    std::vector<int32_t> s16(type == Q6_K_X16 ? M * (K / 16) : 0);  // (M, K/16) the activations' sums per 16
+    for (int64_t i = 0; i < (int64_t)s16.size(); i++) {
+      int32_t sum = 0;
+      for (int l = 0; l < 16; l++) sum += xq[i * 16 + l];
+      s16[i] = sum;
+    }
+    xs.s16 = s16.data();
+    const int64_t groups = N / X16_ROWS;
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      x16_rows(type, wp + g0 * X16_ROWS * rb, rb, g0, g1 - g0, xs, yp + g0 * X16_ROWS, N);
+    });
+    const int64_t tail = groups * X16_ROWS;  // the rows past the last whole group: row-major
+    if (tail < N) dot_rows(base, wp + tail * rb, rb, N - tail, xs, yp + tail, N);
+    return y;
+  }
+#endif
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
 #ifdef OFFSPEC_AMX
   if ((type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS) && M >= amx_min_rows(type, K) &&
@@ -99,6 +124,13 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
 #include "layer.h"  // decoder_layer: one decoder layer per call (llama, qwen, gemma, phi3 families), on qgemm
 
 torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
+  if (is_x16(type)) {  // back to row-major rows first (a copy), then as the ggml type
+    type -= X16_TYPES;
+    check_weight(w, type, K);
+    auto rows = torch::empty_like(w);  // (R, row_bytes) uint8
+    x16_permute(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1), type, false);
+    w = rows;
+  }
   check_weight(w, type, K);
   const int64_t R = w.size(0), rb = w.size(1);
   auto out = torch::empty({R, K}, torch::dtype(torch::kFloat32));  // (R, K) float32
@@ -126,6 +158,16 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   auto out = torch::empty({1, Q, H, D}, q.options());  // (1, Q, H, D) float32
   attend(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), visible.data_ptr<bool>(),
          out.data_ptr<float>(), H, Hkv, Q, L, D, k.stride(1), (float)scale, (float)softcap);
+  return out;
+}
+
+// The rows of w (K-quant `type`, (N, row_bytes) uint8) interleaved 16 at a time (forward) or back: a new tensor,
+// the same shape and bytes permuted (ggml_x16.h).
+torch::Tensor interleave(torch::Tensor w, int64_t type, int64_t K, bool forward) {
+  TORCH_CHECK(x16_able(type), "offspec: only Q4_K and Q6_K rows interleave, not type ", type);
+  check_weight(w, type, K);
+  auto out = torch::empty_like(w);  // (N, row_bytes) uint8
+  x16_permute(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), w.size(0), w.size(1), type, forward);
   return out;
 }
 
@@ -160,6 +202,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend_exact, "attention per query over its visible keys only, logits soft-capped where softcap > 0 "
         "(row invariant)");
   m.def("decoder_layer", &decoder_layer, "one decoder layer: llama, qwen2/3, gemma2/3, phi3 (layer.h)");
+  m.def("interleave", &interleave, "K-quant rows interleaved 16 at a time (forward) or back (ggml_x16.h)");
   m.def("isa", &isa, "the instruction set the kernels were built for");
   m.def("set_grid", &set_grid, "the lattice grid of an IQ type, (entries, 8 or 4) int8 (once, at load)");
   m.def("set_amx", &set_amx, "switch the AMX tiles off or on (the same results); returns whether they were on");

@@ -1,0 +1,341 @@
+// Q4_K and Q6_K weights interleaved 16 rows at a time (the "x16" layouts), and their products on AVX2 / AVX-512.
+//
+// A row-major K-quant row pays per super-block for what a one-row product cannot share between weight rows:
+// unpacking its scales one row at a time, and summing each row's integer lanes horizontally before its float steps
+// (rows_sum, kwtile). Interleaved, the 16 rows of a group store each piece side by side: 4 bytes of row r at
+// 32-bit lane r of a 64-byte chunk. One broadcast of 4 activations then multiplies 16 rows at once (vpdpbusd), every
+// lane stays one weight row's sum to the end, and the scales of 16 rows unpack in a few vector instructions. The
+// bytes are the file's, permuted: the same size, nothing decoded ahead of time.
+//
+// A group's super-block (16 rows of it; rows 16g .. 16g + 15 of the weight, K/256 of them, one after another):
+//   Q4_K (16 x 144 = 2304 bytes): d (16 halves), dmin (16 halves), the 12 scale bytes k of the 16 rows as 12 x 16
+//     bytes (byte k of row r at 64 + 16 k + r), then the 128 quant bytes: chunk (p, c) (sub-block pair p < 4, c < 8)
+//     holds bytes p*32 + 4c .. +4 of row r at 256 + (8p + c) * 64 + 4r: low nibbles elements 4c.. of sub-block 2p,
+//     high nibbles of sub-block 2p + 1.
+//   Q6_K (16 x 210 = 3360 bytes): 16 triples of chunks (h < 2, c < 8) in the order they are read, at (8h + c) * 192:
+//     the high-bit bytes qh 32h + 4c .. of row r at + 4r, then the low-bit bytes ql 64h + 4c .. at + 64 + 4r and
+//     ql 64h + 32 + 4c .. at + 128 + 4r; then d (16 halves) at 3072 and the 16 scales as 16 x 16 bytes (scale g of
+//     row r at 3104 + 16 g + r). A super-block is 52.5 cache lines: where its index in the weight is odd, d and the
+//     scales come first (288 bytes) and the triples after them, so that the triples start on a cache line in both
+//     (the weight's rows being 64-byte aligned) and no 64-byte load straddles two lines.
+// Rows past the last whole group (N % 16) keep the row-major layout.
+//
+// Reading: each kernel reads its group's bytes in address order, and the hardware prefetcher streams them better
+// alone (no software prefetch): from memory, one Zen 4 core, Q4_K 29.3 -> 32.4 GB/s, Q6_K 16.9 -> 24-25 GB/s (with
+// a prefetch a super-block ahead 18.5, four ahead 15.7).
+//
+// Exactness: a product computes the same exact integer sums per (weight row, super-block) as ggml_dot.h's kernels
+// (Q4_K: sum_j sc_j sum(q x) and sum_j m_j sum(x); Q6_K: sum_g sc_g sum((q - 32) x), taken as sum(q x) - 32 sum(x)
+// per 16), then the same float steps in the same order (KSteps: acc = fma(isum, d * dx, acc), acc = fnmadd(msum,
+// dmin * dx, acc)): the same bits as the row-major kernels, whatever M or the tile.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace offspec {
+
+constexpr int64_t X16_ROWS = 16;
+constexpr int64_t X16_TYPES = 100;  // a layout's type id: the ggml type's + 100 (never a ggml id)
+constexpr int64_t Q4_K_X16 = Q4_K + X16_TYPES, Q6_K_X16 = Q6_K + X16_TYPES;
+
+inline bool is_x16(int64_t type) { return type == Q4_K_X16 || type == Q6_K_X16; }
+inline bool x16_able(int64_t type) { return type == Q4_K || type == Q6_K; }
+
+// Where byte o of row r's super-block lies in its group's interleaved super-block; `odd`: the super-block's index
+// in the whole weight (group * K/256 + its own) is odd (Q6_K's layout alternates, see above).
+inline int64_t x16_offset(int64_t type, int64_t r, int64_t o, bool odd) {
+  if (type == Q4_K) {
+    if (o < 2) return 2 * r + o;                // d
+    if (o < 4) return 32 + 2 * r + (o - 2);     // dmin
+    if (o < 16) return 64 + 16 * (o - 4) + r;  // scale byte k = o - 4
+    const int64_t i = o - 16, p = i / 32, c = (i % 32) / 4;
+    return 256 + (8 * p + c) * 64 + 4 * r + i % 4;
+  }
+  // Q6_K: ql[128], qh[64], scales[16], d
+  const int64_t tri = odd ? 288 : 0, head = odd ? 0 : 3072;
+  if (o < 128) {
+    const int64_t h = o / 64, t = (o % 64) / 32, c = (o % 32) / 4;
+    return tri + (8 * h + c) * 192 + 64 * (1 + t) + 4 * r + o % 4;
+  }
+  if (o < 192) {
+    const int64_t i = o - 128, h = i / 32, c = (i % 32) / 4;
+    return tri + (8 * h + c) * 192 + 4 * r + i % 4;
+  }
+  if (o < 208) return head + 32 + 16 * (o - 192) + r;
+  return head + 2 * r + (o - 208);
+}
+
+// dst = src's N rows (rb bytes each, K-quant `type`) with every whole group of 16 interleaved (forward) or back
+// (!forward); the rows past the last whole group are copied as they are. The bytes move in runs (the quant bytes 4
+// at a time): a 1.5B model's weights take well under a second.
+inline void x16_permute(const uint8_t* src, uint8_t* dst, int64_t N, int64_t rb, int64_t type, bool forward) {
+  const int64_t B = layout_of(type).bytes, nsb = rb / B, groups = N / X16_ROWS;
+  struct Run { int64_t from, to, len; };  // row r's bytes o .. o + len -> the group super-block's to .. to + len
+  std::vector<Run> runs[2];  // by the super-block's parity (Q6_K), for the 16 rows: from = r * B + o
+  for (int64_t odd = 0; odd < 2; odd++)
+    for (int64_t r = 0; r < X16_ROWS; r++)
+      for (int64_t o = 0; o < B; o++) {
+        const int64_t to = x16_offset(type, r, o, odd);
+        auto& v = runs[odd];
+        if (!v.empty() && v.back().from + v.back().len == r * B + o && v.back().to + v.back().len == to) v.back().len++;
+        else v.push_back({r * B + o, to, 1});
+      }
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; g++)
+      for (int64_t sb = 0; sb < nsb; sb++) {
+        uint8_t* const mixed = (forward ? dst : const_cast<uint8_t*>(src)) + g * X16_ROWS * rb + sb * X16_ROWS * B;
+        for (const Run& run : runs[(g * nsb + sb) % 2]) {
+          const int64_t r = run.from / B, o = run.from % B;
+          const int64_t row = (g * X16_ROWS + r) * rb + sb * B + o;
+          if (forward) std::memcpy(mixed + run.to, src + row, run.len);
+          else std::memcpy(dst + row, mixed + run.to, run.len);
+        }
+      }
+  });
+  std::memcpy(dst + groups * X16_ROWS * rb, src + groups * X16_ROWS * rb, (N - groups * X16_ROWS) * rb);
+}
+
+#ifdef OFFSPEC_AVX2
+// The vector operations of the x16 kernels, at 16 lanes (AVX-512: one register holds a group's 16 rows) and at 8
+// (AVX2: a group is computed as two halves of 8 rows).
+#ifdef OFFSPEC_AVX512
+struct V16 {
+  static constexpr int LANES = 16;
+  using I = __m512i;
+  using F = __m512;
+  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I set8(char v) { return _mm512_set1_epi8(v); }
+  static I set32(int32_t v) { return _mm512_set1_epi32(v); }
+  static I bcast4(const int8_t* p) {  // 4 activations into every lane
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+  static I andv(I a, I b) { return _mm512_and_si512(a, b); }
+  static I orv(I a, I b) { return _mm512_or_si512(a, b); }
+  template <int n> static I srl16(I a) { return _mm512_srli_epi16(a, n); }
+  template <int n> static I sll16(I a) { return _mm512_slli_epi16(a, n); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  // acc + the sums of 4 products of unsigned bytes u (< 64) with signed bytes s, per 32-bit lane (exact)
+  static I dpbusd(I acc, I u, I s) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+  }
+  static I dpwssd(I acc, I a, I b) { return madd_acc(acc, a, b); }
+  static __m128i bytes(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+  static I u8x32(__m128i b) { return _mm512_cvtepu8_epi32(b); }  // 16 unsigned bytes -> 16 int32 lanes
+  static I s8x32(__m128i b) { return _mm512_cvtepi8_epi32(b); }
+  // lane r: a_r | b_r << 16 (two unsigned bytes of row r as int16 pairs)
+  static I pairs(__m128i a, __m128i b) {
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+  }
+  static F halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F fset(float v) { return _mm512_set1_ps(v); }
+  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static F fmul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#endif
+
+struct V8 {
+  static constexpr int LANES = 8;
+  using I = __m256i;
+  using F = __m256;
+  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I zero() { return _mm256_setzero_si256(); }
+  static I set8(char v) { return _mm256_set1_epi8(v); }
+  static I set32(int32_t v) { return _mm256_set1_epi32(v); }
+  static I bcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+  }
+  static I andv(I a, I b) { return _mm256_and_si256(a, b); }
+  static I orv(I a, I b) { return _mm256_or_si256(a, b); }
+  template <int n> static I srl16(I a) { return _mm256_srli_epi16(a, n); }
+  template <int n> static I sll16(I a) { return _mm256_slli_epi16(a, n); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I mul(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I dpbusd(I acc, I u, I s) { return _mm256_add_epi32(acc, dot_us(u, s)); }  // exact: u < 64
+  static I dpwssd(I acc, I a, I b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+  static __m128i bytes(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+  static I u8x32(__m128i b) { return _mm256_cvtepu8_epi32(b); }  // the low 8 bytes
+  static I s8x32(__m128i b) { return _mm256_cvtepi8_epi32(b); }
+  static I pairs(__m128i a, __m128i b) { return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)); }
+  static F halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F fzero() { return _mm256_setzero_ps(); }
+  static F fset(float v) { return _mm256_set1_ps(v); }
+  static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  static F fmul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+
+// The 16 rows' scales (sc) and minimums (mn) of a Q4_K group super-block, one 16-byte vector per sub-block (byte r:
+// row r): k_scale_min's unpacking (KBlock::unpack_scales) of 16 rows at once. `half` selects rows 8.. for V8.
+struct X16Scales {
+  __m128i sc[8], mn[8];
+  X16Scales(const uint8_t* b, int64_t off) {
+    __m128i u[12];
+    for (int k = 0; k < 12; k++) u[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 64 + 16 * k + off));
+    const __m128i m6 = _mm_set1_epi8(0x3F), m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(0x03);
+    for (int j = 0; j < 4; j++) {
+      sc[j] = _mm_and_si128(u[j], m6);
+      mn[j] = _mm_and_si128(u[j + 4], m6);
+      const __m128i top_s = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(u[j], 6), m2), 4);
+      const __m128i top_m = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(u[j + 4], 6), m2), 4);
+      sc[j + 4] = _mm_or_si128(_mm_and_si128(u[j + 8], m4), top_s);
+      mn[j + 4] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(u[j + 8], 4), m4), top_m);
+    }
+  }
+};
+
+// Q4_K x16: outputs y[(r0 + r) * ystride + i] (i < V::LANES) of the group's rows half * LANES + i, activation rows
+// r0 .. r0 + R, over the group's super-blocks at `g`.
+template <class V, int R>
+void q4k_x16(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, float* y, int64_t ystride) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t SB = 16 * 144, L = V::LANES;
+  const I m4 = V::set8(0x0F);
+  F acc[R];
+  for (int r = 0; r < R; r++) acc[r] = V::fzero();
+  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
+    const uint8_t* b = g + sb * SB;
+    const X16Scales s(b, half * L);
+    I is[R], ms[R];
+    for (int r = 0; r < R; r++) is[r] = ms[r] = V::zero();
+    for (int p = 0; p < 4; p++) {
+      I lo[R], hi[R];
+      for (int r = 0; r < R; r++) lo[r] = hi[r] = V::zero();
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; c++) {
+        const uint8_t* chunk = b + 256 + (8 * p + c) * 64 + half * 4 * L;
+        const I v = V::load(chunk);
+        const I ql = V::andv(v, m4), qh = V::andv(V::template srl16<4>(v), m4);
+        for (int r = 0; r < R; r++) {
+          const int8_t* xr = x.qrow(r0 + r, sb * 8 + 2 * p) + 4 * c;
+          lo[r] = V::dpbusd(lo[r], ql, V::bcast4(xr));
+          hi[r] = V::dpbusd(hi[r], qh, V::bcast4(xr + 32));
+        }
+      }
+      const I slo = V::u8x32(s.sc[2 * p]), shi = V::u8x32(s.sc[2 * p + 1]);
+      for (int r = 0; r < R; r++) is[r] = V::add(is[r], V::add(V::mul(lo[r], slo), V::mul(hi[r], shi)));
+    }
+    for (int p = 0; p < 4; p++) {  // sum_j m_j sum(x_j), two sub-blocks per pair product
+      const I mp = V::pairs(s.mn[2 * p], s.mn[2 * p + 1]);
+      for (int r = 0; r < R; r++) {
+        const int32_t* xs = &x.s[(r0 + r) * x.nb + sb * 8 + 2 * p];
+        ms[r] = V::dpwssd(ms[r], mp, V::set32((int32_t)((uint32_t)(uint16_t)xs[0] | ((uint32_t)xs[1] << 16))));
+      }
+    }
+    const F d = V::halves(b + 2 * half * L), dmin = V::halves(b + 32 + 2 * half * L);
+    for (int r = 0; r < R; r++) {
+      const F dx = V::fset(x.dval(r0 + r, sb));
+      acc[r] = V::fmadd(V::cvt(is[r]), V::fmul(d, dx), acc[r]);
+      acc[r] = V::fnmadd(V::cvt(ms[r]), V::fmul(dmin, dx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) V::store(y + (r0 + r) * ystride, acc[r]);
+}
+
+// Q6_K x16, as q4k_x16. x.s16: the activations' sums per 16.
+template <class V, int R>
+void q6k_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64_t r0, float* y, int64_t ystride) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t SB = 16 * 210, L = V::LANES;
+  const I m4 = V::set8(0x0F), m30 = V::set8(0x30);
+  F acc[R];
+  for (int r = 0; r < R; r++) acc[r] = V::fzero();
+  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
+    const bool odd = (first + sb) % 2;  // the layout of this super-block (see above)
+    const uint8_t* b = g + sb * SB + (odd ? 288 : 0);  // the triples
+    const uint8_t* head = g + sb * SB + (odd ? 0 : 3072);  // d and the scales
+    I is[R];
+    for (int r = 0; r < R; r++) is[r] = V::zero();
+    for (int h = 0; h < 2; h++) {
+      for (int q2 = 0; q2 < 2; q2++) {  // elements 16 q2 .. of each 32: scale groups 8h + 2s + q2
+        I a[4][R];  // sub-block s = 0..3 of this half: sum(q x) over 16 elements
+        for (int s = 0; s < 4; s++)
+          for (int r = 0; r < R; r++) a[s][r] = V::zero();
+#pragma GCC unroll 4
+        for (int cc = 0; cc < 4; cc++) {
+          const int c = 4 * q2 + cc;
+          const uint8_t* hc = b + (8 * h + c) * 192 + half * 4 * L;
+          const I hv = V::load(hc);
+          for (int t = 0; t < 2; t++) {
+            const I lv = V::load(hc + 64 * (1 + t));
+            // high bits 2s, 2s + 1 of each byte moved to bits 4, 5: s = t (low nibbles), s = t + 2 (high nibbles)
+            const I hlo = V::andv(t == 0 ? V::template sll16<4>(hv) : V::template sll16<2>(hv), m30);
+            const I hhi = V::andv(t == 0 ? hv : V::template srl16<2>(hv), m30);
+            const I ulo = V::orv(V::andv(lv, m4), hlo);
+            const I uhi = V::orv(V::andv(V::template srl16<4>(lv), m4), hhi);
+            for (int r = 0; r < R; r++) {
+              const int8_t* xr = x.qrow(r0 + r, sb * 8 + 4 * h) + 4 * c;
+              a[t][r] = V::dpbusd(a[t][r], ulo, V::bcast4(xr + 32 * t));
+              a[t + 2][r] = V::dpbusd(a[t + 2][r], uhi, V::bcast4(xr + 32 * (t + 2)));
+            }
+          }
+        }
+        for (int s = 0; s < 4; s++) {
+          const int64_t grp = 8 * h + 2 * s + q2;
+          const I sc = V::s8x32(V::bytes(head + 32 + 16 * grp + half * L));
+          for (int r = 0; r < R; r++) {
+            const int32_t xs = x.s16[(r0 + r) * (x.K / 16) + sb * 16 + grp];  // sum of the group's 16 activations
+            is[r] = V::add(is[r], V::mul(V::sub(a[s][r], V::set32(32 * xs)), sc));
+          }
+        }
+      }
+    }
+    const F d = V::halves(head + 2 * half * L);
+    for (int r = 0; r < R; r++) acc[r] = V::fmadd(V::cvt(is[r]), V::fmul(d, V::fset(x.dval(r0 + r, sb))), acc[r]);
+  }
+  for (int r = 0; r < R; r++) V::store(y + (r0 + r) * ystride, acc[r]);
+}
+
+#ifdef OFFSPEC_AVX512
+using VX16 = V16;
+#else
+using VX16 = V8;
+#endif
+constexpr int X16_TILE = 4;  // activation rows per pass over a group's weights
+
+// y[r * ystride + 16 g + i] for the `groups` interleaved groups at w (16 rb bytes each, the first of them group
+// `g0` of the weight) and every activation row.
+inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int64_t groups, const XSet& x, float* y,
+                     int64_t ystride) {
+  for (int64_t gi = 0; gi < groups; gi++)
+    for (int64_t half = 0; half < X16_ROWS / VX16::LANES; half++) {
+      const uint8_t* g = w + gi * X16_ROWS * rb;
+      float* yg = y + gi * X16_ROWS + half * VX16::LANES;
+      int64_t r = 0;
+      auto run = [&](auto R) {
+        if (type == Q4_K_X16) q4k_x16<VX16, decltype(R)::value>(g, half, x, r, yg, ystride);
+        else q6k_x16<VX16, decltype(R)::value>(g, (g0 + gi) * (x.K / 256), half, x, r, yg, ystride);
+      };
+      for (; r + X16_TILE <= x.M; r += X16_TILE) run(std::integral_constant<int, X16_TILE>{});
+      switch (x.M - r) {
+        case 3: run(std::integral_constant<int, 3>{}); break;
+        case 2: run(std::integral_constant<int, 2>{}); break;
+        case 1: run(std::integral_constant<int, 1>{}); break;
+        default: break;
+      }
+    }
+}
+#endif  // OFFSPEC_AVX2
+
+}  // namespace offspec

@@ -1,0 +1,100 @@
+"""Q4_K and Q6_K weights interleaved 16 rows at a time for the CPU kernels (csrc/ggml_x16.h): the same bytes
+permuted, computing the row-major kernels' bits for any number of activation rows; resident CPU layers get the
+layout at load (formats.kernels.interleave), streamed layers keep their rows. The AVX2 build's kernels are checked
+against these in test_kernel_isa.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers.tiny_gguf import random_blocks
+
+from offspec.errors import OffspecError
+from offspec.formats import kernels
+from offspec.formats.ggml import ggml_type
+from offspec.formats.modules import QLinear
+
+
+@pytest.fixture(scope="module")
+def ext():
+    assert kernels.load_kernels() is None, "the CPU kernels did not build"
+    if kernels.compiled().isa() == "scalar":
+        pytest.skip("the interleaved layout needs the AVX2 kernels; this build is scalar")
+    return kernels.compiled()
+
+
+def check_layout(ext, type_name: str, rows: int, cols: int, seed: int) -> None:
+    """Interleaving is a permutation of the rows' bytes, undone exactly, and the kernels' products and decoding
+    of the interleaved rows are the row-major ones' bits for every number of activation rows."""
+    rng = np.random.default_rng(seed)
+    raw = torch.from_numpy(random_blocks(rng, type_name, rows, cols))  # (rows, row_bytes) uint8
+    tid = ggml_type(type_name).id
+    mixed = ext.interleave(raw, tid, cols, True)
+    assert mixed.shape == raw.shape and torch.equal(ext.interleave(mixed, tid, cols, False), raw)
+    assert torch.equal(mixed[rows // 16 * 16:], raw[rows // 16 * 16:])  # the rows past the last group of 16
+    if rows >= 16:
+        assert not torch.equal(mixed[:16], raw[:16])
+        assert torch.equal(mixed.flatten().sort().values, raw.flatten().sort().values)  # the same bytes
+    assert torch.equal(ext.dequantize(mixed, tid + kernels.X16_TYPES, cols), ext.dequantize(raw, tid, cols))
+    x = torch.from_numpy(rng.standard_normal((21, cols)).astype(np.float32) * 3)  # (21, cols)
+    x[2, :256] = 0.0  # an activation block of zeros (scale 0)
+    want = ext.qgemm(x, raw, tid, cols)  # (21, rows)
+    assert torch.isfinite(want).all()
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 21):  # tiles of 4 activation rows, then the rest
+        got = ext.qgemm(x[:m].clone(), mixed, tid + kernels.X16_TYPES, cols)
+        assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), m
+
+
+@pytest.mark.parametrize("type_name", kernels.X16_NAMES)
+@pytest.mark.parametrize("cols", (256, 512, 768))  # 1, 2, 3 super-blocks: Q6_K's layout alternates between them
+def test_interleaved_rows_compute_the_row_major_bits(ext, type_name, cols):
+    check_layout(ext, type_name, 37, cols, seed=cols)  # two groups of 16 and 5 rows left row-major
+
+
+@pytest.mark.parametrize("rows", (5, 16))
+def test_weights_of_one_group_or_none_interleave_too(ext, rows):
+    for type_name in kernels.X16_NAMES:
+        check_layout(ext, type_name, rows, 512, seed=rows)
+
+
+def test_only_the_k_quants_with_a_kernel_interleave(ext):
+    raw = torch.from_numpy(random_blocks(np.random.default_rng(0), "Q5_K", 16, 256))
+    with pytest.raises(RuntimeError, match="only Q4_K and Q6_K"):
+        ext.interleave(raw, ggml_type("Q5_K").id, 256, True)
+
+
+def _qlinear(type_name: str, rows: int, cols: int, seed: int = 1) -> QLinear:
+    rng = np.random.default_rng(seed)
+    module = QLinear(ggml_type(type_name).id, cols, rows, bias=True, device=torch.device("cpu"))
+    module.qweight.copy_(torch.from_numpy(random_blocks(rng, type_name, rows, cols)))
+    module.bias.copy_(torch.from_numpy(rng.standard_normal(rows).astype(np.float32)))
+    return module
+
+
+def test_a_qlinear_is_interleaved_in_place_once_and_computes_the_same(ext):
+    module = _qlinear("Q6_K", 48, 512)
+    x = torch.randn(3, 512)  # (3, 512)
+    want = module(x)
+    where = module.qweight.data_ptr()
+    assert kernels.interleave(module)
+    assert module.interleaved and module.kernel_type == module.type_id + kernels.X16_TYPES
+    assert module.qweight.data_ptr() == where  # the same buffer (a resident layer's mapped pages)
+    assert torch.equal(module(x), want)
+    assert not kernels.interleave(module)  # once only
+    assert "Q6_K x16" in repr(module)
+
+
+def test_other_types_and_weights_under_16_rows_stay_row_major(ext):
+    assert not kernels.interleave(_qlinear("Q8_0", 64, 256))
+    assert not kernels.interleave(_qlinear("Q4_K", 8, 256))
+    assert not kernels.interleave(_qlinear("Q5_K", 64, 256))
+
+
+def test_the_layout_variable_keeps_rows_or_is_refused(ext, monkeypatch):
+    monkeypatch.setenv(kernels.LAYOUT_VARIABLE, "rows")
+    module = _qlinear("Q4_K", 32, 256)
+    assert not kernels.interleave(module) and not module.interleaved
+    monkeypatch.setenv(kernels.LAYOUT_VARIABLE, "columns")
+    with pytest.raises(OffspecError, match="OFFSPEC_CPU_LAYOUT=columns: use rows"):
+        kernels.interleave(module)
