@@ -223,6 +223,7 @@ def test_speculative_greedy_equals_the_target_alone_resident_and_streamed(cache,
                    if KERNEL_TYPES[m.type_id].name in kernels.X16_NAMES and m.out_features >= 16)
         assert any(m.interleaved for m in resident_layers) == wanted
         assert not any(m.interleaved for m in streamed_layers)
+        assert resident.engine.target.model.get_output_embeddings().interleaved == wanted  # a head of its own
     accepted = 0
     for gen in (resident, streamed):
         for nodes in (1, 8, 64):

@@ -212,7 +212,7 @@ def restrict_head(model: nn.Module, ids: torch.Tensor, source: Optional[torch.Te
     model.set_output_embeddings(sub)
     emb = model.get_input_embeddings()
     tied = _storage(getattr(emb, "qweight", None) if hasattr(emb, "qweight") else getattr(emb, "weight", None))
-    shared = _storage(weight)
+    shared = _storage(head.qweight if isinstance(head, QLinear) else weight)  # (weight: a copy where interleaved)
     if source is not None and shared is not None and shared != tied:
         for module in model.modules():
             if module is sub:

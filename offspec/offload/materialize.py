@@ -159,6 +159,8 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
     _bind_payload(sk.model, spec, payload, dtype)
     if crcs is not None:
         _swap_head(sk, packed, reader, config, crcs)
+    elif device.type == "cpu" and not sk.tied and isinstance(sk.model.get_output_embeddings(), QLinear):
+        kernels.interleave(sk.model.get_output_embeddings())  # a resident head of its own: read at every step
     emb = sk.model.get_input_embeddings()
     if "embed" in packed.extras:
         espec = packed.extras["embed"]
