@@ -252,6 +252,59 @@ void q4k_x16(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, float* y
   for (int r = 0; r < R; r++) V::store(y + (r0 + r) * ystride, acc[r]);
 }
 
+#ifndef OFFSPEC_AVX512
+// q4k_x16 for AVX2, which has no vpdpbusd (a multiply, a pair add and an add emulate it): the products of a
+// sub-block are summed in 16-bit lanes (maddubs, then adds: at most 8 x 2 x 15 x 127 = 30480, exact), and its scale
+// applied by one vpmaddwd against (sc, sc) pairs, which also adds each row's two 16-bit halves: 2 operations per
+// chunk and row instead of 3, and no 32-bit multiply. The same integer sums, so the same bits.
+template <int R>
+void q4k_x16_avx2(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, float* y, int64_t ystride) {
+  using V = V8;
+  constexpr int64_t SB = 16 * 144, L = V::LANES;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
+    const uint8_t* b = g + sb * SB;
+    const X16Scales s(b, half * L);
+    __m256i is[R], ms[R];
+    for (int r = 0; r < R; r++) is[r] = ms[r] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++) {
+      __m256i lo[R], hi[R];  // 16-bit sums of products: two per row (its 32-bit lane)
+      for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; c++) {
+        const __m256i v = V::load(b + 256 + (8 * p + c) * 64 + half * 4 * L);
+        const __m256i ql = _mm256_and_si256(v, m4), qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int r = 0; r < R; r++) {
+          const int8_t* xr = x.qrow(r0 + r, sb * 8 + 2 * p) + 4 * c;
+          lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(ql, V::bcast4(xr)));
+          hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(qh, V::bcast4(xr + 32)));
+        }
+      }
+      const __m256i slo = V::u8x32(s.sc[2 * p]), shi = V::u8x32(s.sc[2 * p + 1]);  // (sc, sc) int16 pairs below
+      const __m256i plo = _mm256_or_si256(slo, _mm256_slli_epi32(slo, 16)), phi = _mm256_or_si256(shi, _mm256_slli_epi32(shi, 16));
+      for (int r = 0; r < R; r++)
+        is[r] = _mm256_add_epi32(is[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], plo), _mm256_madd_epi16(hi[r], phi)));
+    }
+    for (int p = 0; p < 4; p++) {
+      const __m256i mp = V::pairs(s.mn[2 * p], s.mn[2 * p + 1]);
+      for (int r = 0; r < R; r++) {
+        const int32_t* xs = &x.s[(r0 + r) * x.nb + sb * 8 + 2 * p];
+        ms[r] = V::dpwssd(ms[r], mp, V::set32((int32_t)((uint32_t)(uint16_t)xs[0] | ((uint32_t)xs[1] << 16))));
+      }
+    }
+    const __m256 d = V::halves(b + 2 * half * L), dmin = V::halves(b + 32 + 2 * half * L);
+    for (int r = 0; r < R; r++) {
+      const __m256 dx = _mm256_set1_ps(x.dval(r0 + r, sb));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r]), _mm256_mul_ps(d, dx), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[r]), _mm256_mul_ps(dmin, dx), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * ystride, acc[r]);
+}
+#endif
+
 // Q6_K x16, as q4k_x16. x.s16: the activations' sums per 16.
 template <class V, int R>
 void q6k_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64_t r0, float* y, int64_t ystride) {
@@ -309,10 +362,11 @@ void q6k_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64
 
 #ifdef OFFSPEC_AVX512
 using VX16 = V16;
+constexpr int X16_TILE = 4;  // activation rows per pass over a group's weights
 #else
 using VX16 = V8;
+constexpr int X16_TILE = 2;  // AVX2's 16 registers: 4 rows' accumulators spill (0.92x the row-major kernels)
 #endif
-constexpr int X16_TILE = 4;  // activation rows per pass over a group's weights
 
 // y[r * ystride + 16 g + i] for the `groups` interleaved groups at w (16 rb bytes each, the first of them group
 // `g0` of the weight) and every activation row.
@@ -324,13 +378,17 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
       float* yg = y + gi * X16_ROWS + half * VX16::LANES;
       int64_t r = 0;
       auto run = [&](auto R) {
+#ifdef OFFSPEC_AVX512
         if (type == Q4_K_X16) q4k_x16<VX16, decltype(R)::value>(g, half, x, r, yg, ystride);
+#else
+        if (type == Q4_K_X16) q4k_x16_avx2<decltype(R)::value>(g, half, x, r, yg, ystride);
+#endif
         else q6k_x16<VX16, decltype(R)::value>(g, (g0 + gi) * (x.K / 256), half, x, r, yg, ystride);
       };
       for (; r + X16_TILE <= x.M; r += X16_TILE) run(std::integral_constant<int, X16_TILE>{});
-      switch (x.M - r) {
-        case 3: run(std::integral_constant<int, 3>{}); break;
-        case 2: run(std::integral_constant<int, 2>{}); break;
+      switch (x.M - r) {  // the rest (below X16_TILE)
+        case 3: run(std::integral_constant<int, 3 < X16_TILE ? 3 : 1>{}); break;
+        case 2: run(std::integral_constant<int, 2 < X16_TILE ? 2 : 1>{}); break;
         case 1: run(std::integral_constant<int, 1>{}); break;
         default: break;
       }
