@@ -7,7 +7,8 @@ On a CPU the resident payloads (`other`, resident layers: the whole draft) are m
 rather than copied into anonymous memory: the kernels read the same bytes, but the pages are the file's, so
 under memory pressure (a memory cgroup, a busy machine) the kernel drops the coldest of them and reads them
 again instead of killing the process. Only the KV caches, activations, streaming slots and the Python runtime
-must stay in anonymous memory.
+must stay in anonymous memory, and the Q4_K/Q6_K weights of resident layers and of an untied LM head, whose rows
+are interleaved for the CPU kernels in place (`_interleave_resident`): their pages become the process's own.
 """
 
 from __future__ import annotations

@@ -329,13 +329,16 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
                                        config=replace(config, quant=config.draft_quant), progress=progress,
                                        tiers="device", report=False)  # resident, from its packed store
         draft = LoadedModel(name=draft_res.name, path=draft_res.path, model=model, tokenizer=draft_tok)
+        # its weights interleaved for the CPU kernels are the process's own pages (materialize._interleave_resident)
+        in_memory = sum(m.qweight.numel() for m in model.modules() if isinstance(m, QLinear) and m.interleaved)
         head = model.get_output_embeddings()
         head_name = next((f"{n}.qweight" for n, m in model.named_modules() if m is head), None)
         if isinstance(head, QLinear) and handle.packed is not None and head_name is not None:
             source = mapped_tensor(handle.packed, head_name)
     trim_heap()
     # the process's own memory (Python, torch, transformers, the tokenizer), without the draft's weights: those
-    # are counted with the draft below (from a store they are file pages on a CPU until its head is reduced)
+    # are counted with the draft below (from a store they are file pages on a CPU until its head is reduced, but
+    # for the interleaved ones)
     runtime = measured_runtime(exclude=in_memory) if device.type == "cpu" else 0
     if draft_head is not None:
         draft_head(draft.model, source)
