@@ -264,7 +264,7 @@ def interleaves() -> bool:
 def interleave(module: Any) -> bool:
     """Interleave the rows of a CPU-resident QLinear 16 at a time, in place (its bytes permuted: the same size),
     where the compiled kernels compute that layout (Q4_K, Q6_K; `interleaves()`); returns whether it did. A decoding
-    step reads every weight once, and this layout reads it 1.4-2x faster on one core (ggml_x16.h); the results are
+    step reads every weight once, and this layout reads it about 2x faster on one core (ggml_x16.h); the results are
     the same bits."""
     if (module.interleaved or module.qweight.device.type != "cpu" or module.qweight.is_meta
             or ggml_type(module.type_id).name not in X16_NAMES or module.out_features < 16 or not interleaves()):

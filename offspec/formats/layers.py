@@ -131,8 +131,8 @@ def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[_
     if len(offsets) != 1:
         return "the layer mixes gemma and llama norms"
     head_dim = int(getattr(attn, "head_dim", 0) or config.hidden_size // config.num_attention_heads)
-    return _Parts(tuple(projections), tuple(projections[:3]), norms, eps.pop(), offsets.pop(), config.num_attention_heads,
-                  config.num_key_value_heads, head_dim, float(attn.scaling),
+    return _Parts(tuple(projections), tuple(projections[:3]), norms, eps.pop(), offsets.pop(),
+                  config.num_attention_heads, config.num_key_value_heads, head_dim, float(attn.scaling),
                   float(getattr(attn, "attn_logit_softcapping", None) or 0.0), ACTIVATIONS[act], window,
                   attn.layer_idx)
 

@@ -64,7 +64,7 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
 
-  if (!x16 && !integer_kernel(type)) {  // float weights and the types without an integer kernel: exact decode + float dot
+  if (!x16 && !integer_kernel(type)) {  // float weights, the types without an integer kernel: exact decode + float dot
     at::parallel_for(0, N, GRAIN, [&](int64_t n0, int64_t n1) {
       std::vector<float> buf(K);  // (K,) one decoded weight row
       for (int64_t n = n0; n < n1; n++) {

@@ -107,7 +107,7 @@ struct XSet {  // M quantized activation rows
   const int32_t* s;  // (M, K/32)
   int64_t M, K, nb, nd;  // nb = K / 32, nd = K / activation block
   const int32_t* o = nullptr;  // (M, K/4) -offset * the sum of each 4 activations (offset_lanes), or none
-  const int32_t* s16 = nullptr;  // (M, K/16) the sums per 16 (Q6_K's interleaved kernel, ggml_x16.h), or none
+  const int32_t* s16 = nullptr;  // (M, K/16) the sums per 16 (Q6_K interleaved, ggml_x16.h), or none
   const int8_t* qrow(int64_t m, int64_t blk) const { return q + m * K + blk * QB; }
   float dval(int64_t m, int64_t i) const { return d[m * nd + i]; }
   int32_t sval(int64_t m, int64_t blk) const { return s[m * nb + blk]; }

@@ -283,7 +283,8 @@ void q4k_x16_avx2(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, flo
         }
       }
       const __m256i slo = V::u8x32(s.sc[2 * p]), shi = V::u8x32(s.sc[2 * p + 1]);  // (sc, sc) int16 pairs below
-      const __m256i plo = _mm256_or_si256(slo, _mm256_slli_epi32(slo, 16)), phi = _mm256_or_si256(shi, _mm256_slli_epi32(shi, 16));
+      const __m256i plo = _mm256_or_si256(slo, _mm256_slli_epi32(slo, 16));
+      const __m256i phi = _mm256_or_si256(shi, _mm256_slli_epi32(shi, 16));
       for (int r = 0; r < R; r++)
         is[r] = _mm256_add_epi32(is[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], plo), _mm256_madd_epi16(hi[r], phi)));
     }
