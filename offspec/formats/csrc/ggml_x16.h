@@ -122,13 +122,7 @@ struct V16 {
   static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
   static I mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
   // acc + the sums of 4 products of unsigned bytes u (< 64) with signed bytes s, per 32-bit lane (exact)
-  static I dpbusd(I acc, I u, I s) {
-#ifdef __AVX512VNNI__
-    return _mm512_dpbusd_epi32(acc, u, s);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
-#endif
-  }
+  static I dpbusd(I acc, I u, I s) { return dot_us512_from(acc, u, s); }
   static I dpwssd(I acc, I a, I b) { return madd_acc(acc, a, b); }
   static __m128i bytes(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
   static I u8x32(__m128i b) { return _mm512_cvtepu8_epi32(b); }  // 16 unsigned bytes -> 16 int32 lanes
@@ -203,6 +197,31 @@ struct X16Scales {
   }
 };
 
+// After a Q4_K group super-block's scaled sums `is` (sum_j sc_j sum(q x), per row lane): its minimum terms
+// sum_j m_j sum(x_j), two sub-blocks per pair product, then the float steps in KSteps' order.
+template <class V, int R>
+inline void q4k_x16_steps(const X16Scales& s, const uint8_t* b, int64_t half, const XSet& x, int64_t r0, int64_t sb,
+                          const typename V::I* is, typename V::F* acc) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int64_t L = V::LANES;
+  I ms[R];
+  for (int r = 0; r < R; r++) ms[r] = V::zero();
+  for (int p = 0; p < 4; p++) {
+    const I mp = V::pairs(s.mn[2 * p], s.mn[2 * p + 1]);
+    for (int r = 0; r < R; r++) {
+      const int32_t* xs = &x.s[(r0 + r) * x.nb + sb * 8 + 2 * p];
+      ms[r] = V::dpwssd(ms[r], mp, V::set32((int32_t)((uint32_t)(uint16_t)xs[0] | ((uint32_t)xs[1] << 16))));
+    }
+  }
+  const F d = V::halves(b + 2 * half * L), dmin = V::halves(b + 32 + 2 * half * L);
+  for (int r = 0; r < R; r++) {
+    const F dx = V::fset(x.dval(r0 + r, sb));
+    acc[r] = V::fmadd(V::cvt(is[r]), V::fmul(d, dx), acc[r]);
+    acc[r] = V::fnmadd(V::cvt(ms[r]), V::fmul(dmin, dx), acc[r]);
+  }
+}
+
 // Q4_K x16: outputs y[(r0 + r) * ystride + i] (i < V::LANES) of the group's rows half * LANES + i, activation rows
 // r0 .. r0 + R, over the group's super-blocks at `g`.
 template <class V, int R>
@@ -216,8 +235,8 @@ void q4k_x16(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, float* y
   for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
     const uint8_t* b = g + sb * SB;
     const X16Scales s(b, half * L);
-    I is[R], ms[R];
-    for (int r = 0; r < R; r++) is[r] = ms[r] = V::zero();
+    I is[R];
+    for (int r = 0; r < R; r++) is[r] = V::zero();
     for (int p = 0; p < 4; p++) {
       I lo[R], hi[R];
       for (int r = 0; r < R; r++) lo[r] = hi[r] = V::zero();
@@ -235,19 +254,7 @@ void q4k_x16(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, float* y
       const I slo = V::u8x32(s.sc[2 * p]), shi = V::u8x32(s.sc[2 * p + 1]);
       for (int r = 0; r < R; r++) is[r] = V::add(is[r], V::add(V::mul(lo[r], slo), V::mul(hi[r], shi)));
     }
-    for (int p = 0; p < 4; p++) {  // sum_j m_j sum(x_j), two sub-blocks per pair product
-      const I mp = V::pairs(s.mn[2 * p], s.mn[2 * p + 1]);
-      for (int r = 0; r < R; r++) {
-        const int32_t* xs = &x.s[(r0 + r) * x.nb + sb * 8 + 2 * p];
-        ms[r] = V::dpwssd(ms[r], mp, V::set32((int32_t)((uint32_t)(uint16_t)xs[0] | ((uint32_t)xs[1] << 16))));
-      }
-    }
-    const F d = V::halves(b + 2 * half * L), dmin = V::halves(b + 32 + 2 * half * L);
-    for (int r = 0; r < R; r++) {
-      const F dx = V::fset(x.dval(r0 + r, sb));
-      acc[r] = V::fmadd(V::cvt(is[r]), V::fmul(d, dx), acc[r]);
-      acc[r] = V::fnmadd(V::cvt(ms[r]), V::fmul(dmin, dx), acc[r]);
-    }
+    q4k_x16_steps<V, R>(s, b, half, x, r0, sb, is, acc);
   }
   for (int r = 0; r < R; r++) V::store(y + (r0 + r) * ystride, acc[r]);
 }
@@ -267,8 +274,8 @@ void q4k_x16_avx2(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, flo
   for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
     const uint8_t* b = g + sb * SB;
     const X16Scales s(b, half * L);
-    __m256i is[R], ms[R];
-    for (int r = 0; r < R; r++) is[r] = ms[r] = _mm256_setzero_si256();
+    __m256i is[R];
+    for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
     for (int p = 0; p < 4; p++) {
       __m256i lo[R], hi[R];  // 16-bit sums of products: two per row (its 32-bit lane)
       for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
@@ -288,19 +295,7 @@ void q4k_x16_avx2(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, flo
       for (int r = 0; r < R; r++)
         is[r] = _mm256_add_epi32(is[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], plo), _mm256_madd_epi16(hi[r], phi)));
     }
-    for (int p = 0; p < 4; p++) {
-      const __m256i mp = V::pairs(s.mn[2 * p], s.mn[2 * p + 1]);
-      for (int r = 0; r < R; r++) {
-        const int32_t* xs = &x.s[(r0 + r) * x.nb + sb * 8 + 2 * p];
-        ms[r] = V::dpwssd(ms[r], mp, V::set32((int32_t)((uint32_t)(uint16_t)xs[0] | ((uint32_t)xs[1] << 16))));
-      }
-    }
-    const __m256 d = V::halves(b + 2 * half * L), dmin = V::halves(b + 32 + 2 * half * L);
-    for (int r = 0; r < R; r++) {
-      const __m256 dx = _mm256_set1_ps(x.dval(r0 + r, sb));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r]), _mm256_mul_ps(d, dx), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[r]), _mm256_mul_ps(dmin, dx), acc[r]);
-    }
+    q4k_x16_steps<V, R>(s, b, half, x, r0, sb, is, acc);
   }
   for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * ystride, acc[r]);
 }
