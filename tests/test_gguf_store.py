@@ -138,7 +138,11 @@ def test_stored_weights_are_bitwise_what_transformers_reads(cache, ggufs, name):
 
 def _reference_linear(x, qweight, type_id, cols, bias=None):
     """The kernels' arithmetic in float64: exact weights; for the types with integer kernels, activations rounded to
-    8 bits per block of 256 (K-quants, IQ4_XS: ggml's Q8_K), else per block of 32 (Q8_0)."""
+    8 bits per block of 256 (K-quants, IQ4_XS: ggml's Q8_K), else per block of 32 (Q8_0). Rows interleaved for the
+    CPU kernels (a resident layer's, `type_id` past X16_TYPES) are read back in their stored order."""
+    if type_id >= kernels.X16_TYPES:
+        type_id -= kernels.X16_TYPES
+        qweight = kernels.compiled().interleave(qweight.contiguous(), type_id, cols, False)
     w = torch_dequantize(qweight, type_id, cols).double()
     xd = x.double().reshape(-1, cols)
     type_name = KERNEL_TYPES[type_id].name

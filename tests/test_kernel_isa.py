@@ -77,14 +77,17 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
     dot products or without) compute the row-major kernels' bits."""
     wide, avx2 = two_builds
     rng = np.random.default_rng(9)
-    tid, cols = ggml_type(type_name).id, 768  # 3 super-blocks: Q6_K's alternating layout
+    tid = ggml_type(type_name).id
+    # 3 super-blocks (Q6_K's alternating layout); the legacy types: 15 blocks (an odd count, alternating too)
+    cols = 768 if type_name in ("Q4_K", "Q6_K") else 480
     raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))  # two groups of 16, 5 rows row-major
     x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
+    x[2, :64] = 0.0  # activation blocks of zeros (scale 0)
     want = avx2.qgemm(x, raw, tid, cols)
     for ext in (avx2, no_vnni, wide):
         mixed = ext.interleave(raw, tid, cols, True)
         assert torch.equal(mixed, wide.interleave(raw, tid, cols, True))  # one layout for every build
-        for m in (1, 4, 9):
+        for m in (1, 3, 4, 9):
             got = ext.qgemm(x[:m].clone(), mixed, tid + kernels.X16_TYPES, cols)
             assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), (ext.isa(), m)
 

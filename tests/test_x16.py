@@ -1,4 +1,5 @@
-"""Q4_K and Q6_K weights interleaved 16 rows at a time for the CPU kernels (csrc/ggml_x16.h): the same bytes
+"""Weights interleaved 16 rows at a time for the CPU kernels (csrc/ggml_x16.h: Q4_K, Q6_K and the legacy types
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, ggml_x16_legacy.h): the same bytes
 permuted, computing the row-major kernels' bits for any number of activation rows; resident CPU layers get the
 layout at load (formats.kernels.interleave), streamed layers keep their rows. The AVX2 build's kernels are checked
 against these in test_kernel_isa.py."""
@@ -35,7 +36,11 @@ def check_layout(ext, type_name: str, rows: int, cols: int, seed: int) -> None:
     assert torch.equal(mixed[rows // 16 * 16:], raw[rows // 16 * 16:])  # the rows past the last group of 16
     if rows >= 16:
         assert not torch.equal(mixed[:16], raw[:16])
-        assert torch.equal(mixed.flatten().sort().values, raw.flatten().sort().values)  # the same bytes
+        if type_name in ("Q5_0", "Q5_1"):  # the same bytes, but for the fifth bits permuted within each qh word
+            bits = torch.tensor([bin(i).count("1") for i in range(256)])
+            assert bits[mixed.flatten().long()].sum() == bits[raw.flatten().long()].sum()
+        else:
+            assert torch.equal(mixed.flatten().sort().values, raw.flatten().sort().values)  # the same bytes
     assert torch.equal(ext.dequantize(mixed, tid + kernels.X16_TYPES, cols), ext.dequantize(raw, tid, cols))
     x = torch.from_numpy(rng.standard_normal((21, cols)).astype(np.float32) * 3)  # (21, cols)
     x[2, :256] = 0.0  # an activation block of zeros (scale 0)
@@ -46,10 +51,36 @@ def check_layout(ext, type_name: str, rows: int, cols: int, seed: int) -> None:
         assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), m
 
 
-@pytest.mark.parametrize("type_name", kernels.X16_NAMES)
+K_QUANTS = ("Q4_K", "Q6_K")
+LEGACY = tuple(name for name in kernels.X16_NAMES if name not in K_QUANTS)
+
+
+@pytest.mark.parametrize("type_name", K_QUANTS)
 @pytest.mark.parametrize("cols", (256, 512, 768))  # 1, 2, 3 super-blocks: Q6_K's layout alternates between them
 def test_interleaved_rows_compute_the_row_major_bits(ext, type_name, cols):
     check_layout(ext, type_name, 37, cols, seed=cols)  # two groups of 16 and 5 rows left row-major
+
+
+@pytest.mark.parametrize("type_name", LEGACY)
+# 1, 3 and 28 blocks of 32 (the 0.5B draft's rows): odd counts end on an even block, and where a group block is
+# not whole cache lines the layout alternates between blocks
+@pytest.mark.parametrize("cols", (32, 96, 896))
+def test_interleaved_legacy_rows_compute_the_row_major_bits(ext, type_name, cols):
+    check_layout(ext, type_name, 37, cols, seed=cols)
+
+
+def test_q5_fifth_bits_are_permuted_within_a_row_and_back(ext):
+    """A Q5_0 row's qh word is stored with bit 8j + c holding element 4c + j's fifth bit (ggml_x16.h)."""
+    rng = np.random.default_rng(3)
+    raw = torch.from_numpy(random_blocks(rng, "Q5_0", 16, 32))  # (16, 22): one group, one block
+    mixed = ext.interleave(raw, ggml_type("Q5_0").id, 32, True)
+    for r in (0, 7, 15):
+        file_bits = int.from_bytes(bytes(raw[r, 2:6].tolist()), "little")
+        at = 256 + 4 * r  # block 0 is even: the quants (256 bytes), then the 16 rows' qh words
+        mixed_bits = int.from_bytes(bytes(mixed.flatten()[at:at + 4].tolist()), "little")
+        for c in range(8):
+            for j in range(4):
+                assert (mixed_bits >> (8 * j + c)) & 1 == (file_bits >> (4 * c + j)) & 1
 
 
 @pytest.mark.parametrize("rows", (5, 16))
@@ -58,9 +89,9 @@ def test_weights_of_one_group_or_none_interleave_too(ext, rows):
         check_layout(ext, type_name, rows, 512, seed=rows)
 
 
-def test_only_the_k_quants_with_a_kernel_interleave(ext):
+def test_only_the_types_with_a_kernel_interleave(ext):
     raw = torch.from_numpy(random_blocks(np.random.default_rng(0), "Q5_K", 16, 256))
-    with pytest.raises(RuntimeError, match="only Q4_K and Q6_K"):
+    with pytest.raises(RuntimeError, match="only Q4_K, Q6_K and the legacy types"):
         ext.interleave(raw, ggml_type("Q5_K").id, 256, True)
 
 
@@ -86,7 +117,9 @@ def test_a_qlinear_is_interleaved_in_place_once_and_computes_the_same(ext):
 
 
 def test_other_types_and_weights_under_16_rows_stay_row_major(ext):
-    assert not kernels.interleave(_qlinear("Q8_0", 64, 256))
+    assert kernels.interleave(_qlinear("Q8_0", 64, 256))
+    assert not kernels.interleave(_qlinear("Q8_0", 15, 256))
+    assert not kernels.interleave(_qlinear("F16", 64, 256))
     assert not kernels.interleave(_qlinear("Q4_K", 8, 256))
     assert not kernels.interleave(_qlinear("Q5_K", 64, 256))
 

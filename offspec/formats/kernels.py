@@ -32,13 +32,13 @@ from .gpu.choice import cuda_kernels
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h",
-           "ggml_x16.h", "attention.h", "layer.h")
+           "ggml_x16.h", "ggml_x16_legacy.h", "attention.h", "layer.h")
 # "avx2": build without AVX-512 on a CPU that has it; "avx512": without AMX (the results are the same)
 ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
-# "rows": keep resident Q4_K/Q6_K weights row-major instead of interleaving them (an A/B switch; the same results)
+# "rows": keep resident weights row-major instead of interleaving them (an A/B switch; the same results)
 LAYOUT_VARIABLE = "OFFSPEC_CPU_LAYOUT"
 X16_TYPES = 100  # an interleaved layout's type id: its ggml type's + 100 (csrc/ggml_x16.h)
-X16_NAMES = ("Q4_K", "Q6_K")
+X16_NAMES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")  # the types with an interleaved layout
 AMX_FLAGS = ["-mavx512vbmi", "-mamx-tile", "-mamx-int8"]
 
 _lock = threading.Lock()
@@ -252,7 +252,7 @@ def dequantize_rows(raw: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
 
 
 def interleaves() -> bool:
-    """Whether resident Q4_K/Q6_K weights get their rows interleaved for this CPU's kernels (csrc/ggml_x16.h:
+    """Whether resident weights of the X16_NAMES types get their rows interleaved for this CPU's kernels (csrc/ggml_x16.h:
     AVX2 or AVX-512 builds), unless OFFSPEC_CPU_LAYOUT=rows asks to keep them row-major."""
     choice = os.environ.get(LAYOUT_VARIABLE, "").strip().lower() or "auto"
     if choice not in ("auto", "rows"):
@@ -263,7 +263,7 @@ def interleaves() -> bool:
 
 def interleave(module: Any) -> bool:
     """Interleave the rows of a CPU-resident QLinear 16 at a time, in place (its bytes permuted: the same size),
-    where the compiled kernels compute that layout (Q4_K, Q6_K; `interleaves()`); returns whether it did. A decoding
+    where the compiled kernels compute that layout (X16_NAMES; `interleaves()`); returns whether it did. A decoding
     step reads every weight once, and this layout reads it about 2x faster on one core (ggml_x16.h); the results are
     the same bits."""
     if (module.interleaved or module.qweight.device.type != "cpu" or module.qweight.is_meta

@@ -127,16 +127,19 @@ class SubsetHead(nn.Module):
     def __init__(self, head: nn.Module, ids: torch.Tensor, vocab_size: int, source: Optional[torch.Tensor] = None,
                  extra: int = EXTRA_ROWS):
         super().__init__()
-        weight = _weight_of(head)
-        self.source = weight if source is None else source  # (vocab_size, ...) the full head's rows
+        # the full head's rows, row-major: `source` where given (then a head interleaved for the CPU kernels is not
+        # copied back to rows only to be dropped)
+        weight = _weight_of(head) if source is None else source
+        self.source = weight  # (vocab_size, ...) the full head's rows
         self.type_id = getattr(head, "type_id", None)  # ggml blocks (QLinear), or None: float rows (nn.Linear)
         self.in_features = head.in_features
         self.vocab_size = vocab_size
         self.static = int(ids.numel())
         capacity = min(vocab_size, self.static + extra)
-        device = weight.device
-        self.register_buffer("rows", weight.new_empty((capacity, *weight.shape[1:])))  # (capacity, ...) rows in use
-        self.rows[: self.static] = weight.index_select(0, ids.to(device))
+        device = head.qweight.device if isinstance(head, QLinear) else weight.device  # where the head computes
+        # (capacity, ...) rows in use
+        self.register_buffer("rows", torch.empty((capacity, *weight.shape[1:]), dtype=weight.dtype, device=device))
+        self.rows[: self.static] = weight.index_select(0, ids.to(weight.device)).to(device)
         bias = getattr(head, "bias", None)
         self.register_buffer("bias_rows", None if bias is None else bias.detach().new_zeros(capacity))
         self.full_bias = None if bias is None else bias.detach().clone()  # (vocab_size,) a few KB
@@ -205,14 +208,18 @@ def restrict_head(model: nn.Module, ids: torch.Tensor, source: Optional[torch.Te
     admitting tokens later (default: the head's own weight, which then stays). None, nothing changed, for a head
     of another kind (bitsandbytes)."""
     head = model.get_output_embeddings()
-    weight = _weight_of(head)
-    if weight is None:
-        return None
-    sub = SubsetHead(head, ids, int(weight.shape[0]), source)
+    if isinstance(head, QLinear):
+        rows = head.out_features
+    else:
+        weight = _weight_of(head)
+        if weight is None:
+            return None
+        rows = int(weight.shape[0])
+    sub = SubsetHead(head, ids, rows, source)
     model.set_output_embeddings(sub)
     emb = model.get_input_embeddings()
     tied = _storage(getattr(emb, "qweight", None) if hasattr(emb, "qweight") else getattr(emb, "weight", None))
-    shared = _storage(head.qweight if isinstance(head, QLinear) else weight)  # (weight: a copy where interleaved)
+    shared = _storage(head.qweight if isinstance(head, QLinear) else weight)
     if source is not None and shared is not None and shared != tied:
         for module in model.modules():
             if module is sub:

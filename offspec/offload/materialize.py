@@ -7,7 +7,7 @@ On a CPU the resident payloads (`other`, resident layers: the whole draft) are m
 rather than copied into anonymous memory: the kernels read the same bytes, but the pages are the file's, so
 under memory pressure (a memory cgroup, a busy machine) the kernel drops the coldest of them and reads them
 again instead of killing the process. Only the KV caches, activations, streaming slots and the Python runtime
-must stay in anonymous memory, and the Q4_K/Q6_K weights of resident layers and of an untied LM head, whose rows
+must stay in anonymous memory, and the weights of resident layers and of an untied LM head, whose rows
 are interleaved for the CPU kernels in place (`_interleave_resident`): their pages become the process's own.
 """
 
@@ -132,7 +132,7 @@ def _file_crc(path: Path, spec: LayerSpec) -> int:
 
 
 def _interleave_resident(layer: nn.Module) -> None:
-    """A CPU-resident layer's Q4_K/Q6_K weights interleaved for the kernels, in place (formats.kernels.interleave:
+    """A CPU-resident layer's weights interleaved for the kernels, in place (formats.kernels.interleave:
     a decoding step reads them 1.4-2x faster; the same results). Streamed layers keep their rows as stored."""
     for module in layer.modules():
         if isinstance(module, QLinear):

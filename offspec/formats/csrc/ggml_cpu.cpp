@@ -82,11 +82,15 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   std::vector<int8_t> xq(M * K);        // (M, K) activations in 8 bits
   std::vector<float> xd(M * nd);        // (M, K/ab) their scales
   std::vector<int32_t> xs_sum(M * nb);  // (M, K/32) their sums per 32
-  std::vector<int32_t> xo(needs_offset_lanes(type) ? M * (K / 4) : 0);  // (M, K/4) their lanes' offset terms
+  bool lanes = needs_offset_lanes(type);
+#ifdef OFFSPEC_AVX2
+  if (x16) lanes = x16_offset_lanes(base);
+#endif
+  std::vector<int32_t> xo(lanes ? M * (K / 4) : 0);  // (M, K/4) their lanes' offset terms
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
       quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
-      if (!xo.empty()) offset_lanes(&xq[m * K], K, legacy_offset(type), &xo[m * (K / 4)]);
+      if (!xo.empty()) offset_lanes(&xq[m * K], K, legacy_offset(base), &xo[m * (K / 4)]);
     }
   });
   XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
@@ -161,10 +165,10 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   return out;
 }
 
-// The rows of w (K-quant `type`, (N, row_bytes) uint8) interleaved 16 at a time (forward) or back: a new tensor,
+// The rows of w (`type`: x16_able, (N, row_bytes) uint8) interleaved 16 at a time (forward) or back: a new tensor,
 // the same shape and bytes permuted (ggml_x16.h).
 torch::Tensor interleave(torch::Tensor w, int64_t type, int64_t K, bool forward) {
-  TORCH_CHECK(x16_able(type), "offspec: only Q4_K and Q6_K rows interleave, not type ", type);
+  TORCH_CHECK(x16_able(type), "offspec: only Q4_K, Q6_K and the legacy types' rows interleave, not type ", type);
   check_weight(w, type, K);
   auto out = torch::empty_like(w);  // (N, row_bytes) uint8
   x16_permute(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), w.size(0), w.size(1), type, forward);
@@ -202,7 +206,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend_exact, "attention per query over its visible keys only, logits soft-capped where softcap > 0 "
         "(row invariant)");
   m.def("decoder_layer", &decoder_layer, "one decoder layer: llama, qwen2/3, gemma2/3, phi3 (layer.h)");
-  m.def("interleave", &interleave, "K-quant rows interleaved 16 at a time (forward) or back (ggml_x16.h)");
+  m.def("interleave", &interleave, "weight rows interleaved 16 at a time (forward) or back (ggml_x16.h)");
   m.def("isa", &isa, "the instruction set the kernels were built for");
   m.def("set_grid", &set_grid, "the lattice grid of an IQ type, (entries, 8 or 4) int8 (once, at load)");
   m.def("set_amx", &set_amx, "switch the AMX tiles off or on (the same results); returns whether they were on");

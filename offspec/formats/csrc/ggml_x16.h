@@ -1,4 +1,5 @@
-// Q4_K and Q6_K weights interleaved 16 rows at a time (the "x16" layouts), and their products on AVX2 / AVX-512.
+// Weights interleaved 16 rows at a time (the "x16" layouts), and their products on AVX2 / AVX-512: Q4_K and Q6_K
+// here, the legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) in ggml_x16_legacy.h.
 //
 // A row-major K-quant row pays per super-block for what a one-row product cannot share between weight rows:
 // unpacking its scales one row at a time, and summing each row's integer lanes horizontally before its float steps
@@ -18,6 +19,14 @@
 //     row r at 3104 + 16 g + r). A super-block is 52.5 cache lines: where its index in the weight is odd, d and the
 //     scales come first (288 bytes) and the triples after them, so that the triples start on a cache line in both
 //     (the weight's rows being 64-byte aligned) and no 64-byte load straddles two lines.
+//   The legacy types (ggml_x16_legacy.h), a block of 32 per row: Q4_0 / IQ4_NL (16 x 18 = 288 bytes), Q4_1 (320),
+//     Q5_0 (352), Q5_1 (384), Q8_0 (544): d (16 halves), m (Q4_1, Q5_1: 16 halves), qh (Q5_0, Q5_1: 16 words),
+//     then the quants as chunks of 64 bytes, chunk k holding bytes 4k .. 4k + 3 of row r's quants at 4r: for the
+//     4-bit types low nibbles elements 4k.., high nibbles elements 4k + 16.. (k < 4); for Q8_0 elements 4k.. (k < 8).
+//     A row's qh word has its bits permuted: bit 8j + c holds element 4c + j's fifth bit, so that one shift and one
+//     mask put the fifth bits of elements 4c .. 4c + 3 at bit 4 of their bytes. Where a group block is not whole
+//     cache lines (Q4_0, IQ4_NL, Q5_0, Q8_0: 32 bytes over), the blocks of odd index in the weight put d and qh first
+//     and the quants after them; the others the quants first, then qh and d (so the quants start on a line).
 // Rows past the last whole group (N % 16) keep the row-major layout.
 //
 // Reading: each kernel reads its group's bytes in address order, and the hardware prefetcher streams them better
@@ -40,12 +49,54 @@ constexpr int64_t X16_ROWS = 16;
 constexpr int64_t X16_TYPES = 100;  // a layout's type id: the ggml type's + 100 (never a ggml id)
 constexpr int64_t Q4_K_X16 = Q4_K + X16_TYPES, Q6_K_X16 = Q6_K + X16_TYPES;
 
-inline bool is_x16(int64_t type) { return type == Q4_K_X16 || type == Q6_K_X16; }
-inline bool x16_able(int64_t type) { return type == Q4_K || type == Q6_K; }
+// The legacy types' interleaved group blocks: where d, m, qh and the quants start (`odd`: the block's index in the
+// weight is odd; only the types whose group block is not whole cache lines alternate).
+struct LegacyX16Layout {
+  int64_t row_bytes, group_bytes, quants;
+  bool min, qh, flip;
+  int64_t d_at(bool odd) const { return flip && !odd ? quants + (qh ? 64 : 0) : 0; }
+  int64_t m_at() const { return 32; }  // Q4_1, Q5_1 (never flipped)
+  int64_t qh_at(bool odd) const { return flip ? (odd ? 32 : quants) : min ? 64 : 32; }
+  int64_t quants_at(bool odd) const {
+    if (flip) return odd ? 32 + (qh ? 64 : 0) : 0;
+    return (min ? 64 : 32) + (qh ? 64 : 0);
+  }
+};
+constexpr bool x16_legacy(int64_t type) {
+  return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == IQ4_NL;
+}
+constexpr LegacyX16Layout legacy_x16_layout(int64_t type) {
+  const int64_t rb = type == Q4_0 || type == IQ4_NL ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : type == Q5_1 ? 24 : 34;
+  return {rb, X16_ROWS * rb, type == Q8_0 ? 512 : 256, type == Q4_1 || type == Q5_1, type == Q5_0 || type == Q5_1,
+          X16_ROWS * rb % 64 != 0};
+}
 
-// Where byte o of row r's super-block lies in its group's interleaved super-block; `odd`: the super-block's index
-// in the whole weight (group * K/256 + its own) is odd (Q6_K's layout alternates, see above).
+inline bool x16_able(int64_t type) { return type == Q4_K || type == Q6_K || x16_legacy(type); }
+inline bool is_x16(int64_t type) { return type >= X16_TYPES && x16_able(type - X16_TYPES); }
+
+// A Q5 row's qh word as stored interleaved (forward: bit 8j + c <- bit 4c + j) or back.
+inline uint32_t x16_qh_bits(uint32_t w, bool forward) {
+  uint32_t out = 0;
+  for (int c = 0; c < 8; c++)
+    for (int j = 0; j < 4; j++) {
+      const int file = 4 * c + j, mixed = 8 * j + c;
+      out |= ((w >> (forward ? file : mixed)) & 1u) << (forward ? mixed : file);
+    }
+  return out;
+}
+
+// Where byte o of row r's block lies in its group's interleaved block; `odd`: the block's index in the whole weight
+// (group * blocks per row + its own) is odd (Q6_K's layout and some legacy ones alternate, see above).
 inline int64_t x16_offset(int64_t type, int64_t r, int64_t o, bool odd) {
+  if (x16_legacy(type)) {
+    const LegacyX16Layout L = legacy_x16_layout(type);
+    if (o < 2) return L.d_at(odd) + 2 * r + o;  // d
+    if (L.min && o < 4) return L.m_at() + 2 * r + (o - 2);
+    const int64_t qh0 = L.min ? 4 : 2, q0 = qh0 + (L.qh ? 4 : 0);
+    if (L.qh && o < q0) return L.qh_at(odd) + 4 * r + (o - qh0);
+    const int64_t i = o - q0;
+    return L.quants_at(odd) + (i / 4) * 64 + 4 * r + i % 4;
+  }
   if (type == Q4_K) {
     if (o < 2) return 2 * r + o;                // d
     if (o < 4) return 32 + 2 * r + (o - 2);     // dmin
@@ -67,7 +118,7 @@ inline int64_t x16_offset(int64_t type, int64_t r, int64_t o, bool odd) {
   return head + 2 * r + (o - 208);
 }
 
-// dst = src's N rows (rb bytes each, K-quant `type`) with every whole group of 16 interleaved (forward) or back
+// dst = src's N rows (rb bytes each, `type`: x16_able) with every whole group of 16 interleaved (forward) or back
 // (!forward); the rows past the last whole group are copied as they are. The bytes move in runs (the quant bytes 4
 // at a time): a 1.5B model's weights take well under a second.
 inline void x16_permute(const uint8_t* src, uint8_t* dst, int64_t N, int64_t rb, int64_t type, bool forward) {
@@ -92,6 +143,16 @@ inline void x16_permute(const uint8_t* src, uint8_t* dst, int64_t N, int64_t rb,
           if (forward) std::memcpy(mixed + run.to, src + row, run.len);
           else std::memcpy(dst + row, mixed + run.to, run.len);
         }
+        if (x16_legacy(type) && legacy_x16_layout(type).qh)  // the qh words' bits (see above)
+          for (int64_t r = 0; r < X16_ROWS; r++) {
+            const bool odd = (g * nsb + sb) % 2;
+            uint8_t* word = forward ? mixed + legacy_x16_layout(type).qh_at(odd) + 4 * r
+                                    : dst + (g * X16_ROWS + r) * rb + sb * B + (legacy_x16_layout(type).min ? 4 : 2);
+            uint32_t w;
+            std::memcpy(&w, word, 4);
+            w = x16_qh_bits(w, forward);
+            std::memcpy(word, &w, 4);
+          }
       }
   });
   std::memcpy(dst + groups * X16_ROWS * rb, src + groups * X16_ROWS * rb, (N - groups * X16_ROWS) * rb);
@@ -124,6 +185,15 @@ struct V16 {
   // acc + the sums of 4 products of unsigned bytes u (< 64) with signed bytes s, per 32-bit lane (exact)
   static I dpbusd(I acc, I u, I s) { return dot_us512_from(acc, u, s); }
   static I dpwssd(I acc, I a, I b) { return madd_acc(acc, a, b); }
+  static I dot_signed(I q, I s) {  // the sums of 4 products of signed bytes (|q| <= 128): the sign moved onto s
+    const Signed512 qs(q);
+    return dot_us512(qs.mag, qs.apply(s));
+  }
+  static I xorv(I a, I b) { return _mm512_xor_si512(a, b); }
+  static I table16(const int8_t* t, char flip) {  // a 16-byte table in every 128-bit lane, its bytes ^ flip
+    return _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)), _mm_set1_epi8(flip)));
+  }
+  static I shuffle(I table, I idx) { return _mm512_shuffle_epi8(table, idx); }
   static __m128i bytes(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
   static I u8x32(__m128i b) { return _mm512_cvtepu8_epi32(b); }  // 16 unsigned bytes -> 16 int32 lanes
   static I s8x32(__m128i b) { return _mm512_cvtepi8_epi32(b); }
@@ -136,6 +206,7 @@ struct V16 {
   static F fset(float v) { return _mm512_set1_ps(v); }
   static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
   static F fmul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
@@ -164,6 +235,12 @@ struct V8 {
   static I mul(I a, I b) { return _mm256_mullo_epi32(a, b); }
   static I dpbusd(I acc, I u, I s) { return _mm256_add_epi32(acc, dot_us(u, s)); }  // exact: u < 64
   static I dpwssd(I acc, I a, I b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+  static I dot_signed(I q, I s) { return dot_ss(q, s); }
+  static I xorv(I a, I b) { return _mm256_xor_si256(a, b); }
+  static I table16(const int8_t* t, char flip) {
+    return _mm256_broadcastsi128_si256(_mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)), _mm_set1_epi8(flip)));
+  }
+  static I shuffle(I table, I idx) { return _mm256_shuffle_epi8(table, idx); }
   static __m128i bytes(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
   static I u8x32(__m128i b) { return _mm256_cvtepu8_epi32(b); }  // the low 8 bytes
   static I s8x32(__m128i b) { return _mm256_cvtepi8_epi32(b); }
@@ -173,6 +250,7 @@ struct V8 {
   static F fset(float v) { return _mm256_set1_ps(v); }
   static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
   static F fmul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fadd(F a, F b) { return _mm256_add_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
@@ -356,6 +434,12 @@ void q6k_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64
   for (int r = 0; r < R; r++) V::store(y + (r0 + r) * ystride, acc[r]);
 }
 
+}  // namespace offspec
+
+#include "ggml_x16_legacy.h"
+
+namespace offspec {
+
 #ifdef OFFSPEC_AVX512
 using VX16 = V16;
 constexpr int X16_TILE = 4;  // activation rows per pass over a group's weights
@@ -372,6 +456,16 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
     for (int64_t half = 0; half < X16_ROWS / VX16::LANES; half++) {
       const uint8_t* g = w + gi * X16_ROWS * rb;
       float* yg = y + gi * X16_ROWS + half * VX16::LANES;
+      const int64_t first = (g0 + gi) * (x.K / 32);  // the group's first block in the weight (legacy types)
+      switch (type - X16_TYPES) {
+        case Q4_0: legacy_x16<VX16, Q4_0>(g, first, half, x, yg, ystride); continue;
+        case Q4_1: legacy_x16<VX16, Q4_1>(g, first, half, x, yg, ystride); continue;
+        case Q5_0: legacy_x16<VX16, Q5_0>(g, first, half, x, yg, ystride); continue;
+        case Q5_1: legacy_x16<VX16, Q5_1>(g, first, half, x, yg, ystride); continue;
+        case Q8_0: legacy_x16<VX16, Q8_0>(g, first, half, x, yg, ystride); continue;
+        case IQ4_NL: legacy_x16<VX16, IQ4_NL>(g, first, half, x, yg, ystride); continue;
+        default: break;
+      }
       int64_t r = 0;
       auto run = [&](auto R) {
 #ifdef OFFSPEC_AVX512

@@ -1,0 +1,149 @@
+// The legacy types' interleaved products (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; the layout: ggml_x16.h). Included
+// by ggml_x16.h after its vector operations (V16, V8).
+//
+// The row-major kernels (ggml_dot.h tile, ggml_dot512.h tile512 / tile512u) keep per weight row 8 float lanes and
+// two accumulators, one for the even blocks and one for the odd: lane l of block b adds fma(sum of the products of
+// elements 4l .. 4l + 3, d * dx) (+ (m * dx) * sum(x) in a scalar per parity for Q4_1 / Q5_1), and the row's result
+// is hsum(even + odd) (lanes l and l + 4, then 0 + 2 and 1 + 3, then the two). Interleaved, the 16 rows' sums of
+// lane l are one vpdpbusd of chunk l with 4 broadcast activations, so each of the 8 lanes x 2 parities is a register
+// of 16 rows and the whole reduction is vertical: the same integers, the same float steps in the same order, the
+// same bits, with no horizontal sums and the scales of 16 rows in one conversion. 16 accumulators take half of
+// AVX-512's registers, so a pass computes one activation row (the group's weights come back from L1 for the next);
+// AVX2's 16 registers hold half of them: lanes {0, 1, 4, 5}, then {2, 3, 6, 7}, each chunk read once.
+#pragma once
+
+namespace offspec {
+
+// Do a signed legacy type's products run as unsigned bytes u = q + offset, the lane sums starting at XSet::o (exact
+// where the multiply cannot saturate: VNNI's vpdpbusd, or a byte below 128 for maddubs), rather than with the sign
+// moved onto the activations?
+constexpr bool x16_offset_lanes(int64_t type) {
+#if defined(OFFSPEC_AVX512) && defined(__AVX512VNNI__)
+  return type == Q4_0 || type == Q5_0 || type == Q8_0 || type == IQ4_NL;
+#else
+  return type == Q4_0 || type == Q5_0;
+#endif
+}
+
+// The 16 (V16) or 8 (V8) rows' weights of lanes k (low) and k + 4 (high) of one block, as the bytes the products
+// take: u = q + offset (x16_offset_lanes: Q4_0 and Q5_0 always), q (Q4_1, Q5_1: unsigned already), or signed q
+// (Q8_0, IQ4_NL without VNNI).
+template <class V, int64_t T>
+inline void legacy_x16_chunk(const uint8_t* quants, const typename V::I& qh, int k, int64_t half,
+                             typename V::I& lo, typename V::I& hi) {
+  using I = typename V::I;
+  const int64_t at = half * 4 * V::LANES;
+  if constexpr (T == Q8_0) {
+    lo = V::load(quants + 64 * k + at);
+    hi = V::load(quants + 64 * (k + 4) + at);
+    if constexpr (x16_offset_lanes(T)) {
+      lo = V::xorv(lo, V::set8((char)0x80));
+      hi = V::xorv(hi, V::set8((char)0x80));
+    }
+    return;
+  } else {
+    const I m4 = V::set8(0x0F), v = V::load(quants + 64 * k + at);
+    lo = V::andv(v, m4);
+    hi = V::andv(V::template srl16<4>(v), m4);
+    if constexpr (T == Q5_0 || T == Q5_1) {  // bit 8j + c of a row's word: element 4c + j's fifth bit (-> bit 4)
+      const I m10 = V::set8(0x10);
+      I blo;
+      switch (k) {  // lane k < 4: bits k -> 4; lane k + 4: bits k + 4 -> 4
+        case 0: blo = V::template sll16<4>(qh); break;
+        case 1: blo = V::template sll16<3>(qh); break;
+        case 2: blo = V::template sll16<2>(qh); break;
+        default: blo = V::template sll16<1>(qh); break;
+      }
+      I bhi;
+      switch (k) {
+        case 0: bhi = qh; break;
+        case 1: bhi = V::template srl16<1>(qh); break;
+        case 2: bhi = V::template srl16<2>(qh); break;
+        default: bhi = V::template srl16<3>(qh); break;
+      }
+      lo = V::orv(lo, V::andv(blo, m10));
+      hi = V::orv(hi, V::andv(bhi, m10));
+    }
+    if constexpr (T == IQ4_NL) {  // the table's values, + 128 where they run unsigned
+      const I table = V::table16(KVALUES_IQ4NL, x16_offset_lanes(T) ? (char)0x80 : 0);
+      lo = V::shuffle(table, lo);
+      hi = V::shuffle(table, hi);
+    }
+  }
+}
+
+// The exact sum of the products of one lane's 4 weights (as legacy_x16_chunk gives them) with 4 activations.
+template <class V, int64_t T>
+inline typename V::I legacy_x16_isum(const typename V::I& w, const int8_t* x4, int32_t offset_term) {
+  if constexpr (x16_offset_lanes(T)) return V::dpbusd(V::set32(offset_term), w, V::bcast4(x4));
+  else if constexpr (T == Q4_1 || T == Q5_1) return V::dpbusd(V::zero(), w, V::bcast4(x4));
+  else return V::dot_signed(w, V::bcast4(x4));
+}
+
+// Lanes k0 .. k0 + NK and k0 + 4 .. k0 + 4 + NK of one activation row m over a group's blocks at g (`first`: the
+// index in the weight of its first block): q[j] = t[k0 + j] + t[k0 + j + 4], t = even + odd (the first step of
+// hsum); for Q4_1 / Q5_1, `off` = off_even + off_odd (where k0 == 0).
+template <class V, int64_t T, int k0, int NK>
+void legacy_x16_lanes(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64_t m, typename V::F* q,
+                      typename V::F* off) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr LegacyX16Layout L = legacy_x16_layout(T);
+  constexpr bool MIN = T == Q4_1 || T == Q5_1, QH = T == Q5_0 || T == Q5_1;
+  F acc[2][2 * NK];  // [block parity][j]: lane k0 + j (j < NK), lane k0 + j - NK + 4 (j >= NK)
+  F offs[2];         // [block parity] Q4_1 / Q5_1: sum of (m * dx) * sum(x)
+  for (int p = 0; p < 2; p++) {
+    offs[p] = V::fzero();
+    for (int j = 0; j < 2 * NK; j++) acc[p][j] = V::fzero();
+  }
+  const int32_t* o = x16_offset_lanes(T) ? x.orow(m, 0) : nullptr;
+  for (int64_t xb = 0, n = x.K / 32; xb < n; xb++) {
+    const bool odd = (first + xb) % 2;  // the layout of this block (ggml_x16.h)
+    const int par = xb % 2;             // its accumulators (the row-major kernels' even / odd)
+    const uint8_t* b = g + xb * L.group_bytes;
+    const float dx = x.dval(m, xb);
+    const F scale = V::fmul(V::halves(b + L.d_at(odd) + 2 * half * V::LANES), V::fset(dx));
+    const I qh = QH ? V::load(b + L.qh_at(odd) + half * 4 * V::LANES) : V::zero();
+    const int8_t* xq = x.qrow(m, xb);
+#pragma GCC unroll 4
+    for (int j = 0; j < NK; j++) {
+      const int k = k0 + j;
+      I lo, hi;
+      legacy_x16_chunk<V, T>(b + L.quants_at(odd), qh, k, half, lo, hi);
+      const I slo = legacy_x16_isum<V, T>(lo, xq + 4 * k, o ? o[xb * 8 + k] : 0);
+      const I shi = legacy_x16_isum<V, T>(hi, xq + 4 * (k + 4), o ? o[xb * 8 + k + 4] : 0);
+      acc[par][j] = V::fmadd(V::cvt(slo), scale, acc[par][j]);
+      acc[par][NK + j] = V::fmadd(V::cvt(shi), scale, acc[par][NK + j]);
+    }
+    if constexpr (MIN) {
+      if (k0 == 0) {
+        const F mdx = V::fmul(V::halves(b + L.m_at() + 2 * half * V::LANES), V::fset(dx));
+        offs[par] = V::fadd(offs[par], V::fmul(mdx, V::fset((float)x.sval(m, xb))));
+      }
+    }
+  }
+  for (int j = 0; j < NK; j++)
+    q[j] = V::fadd(V::fadd(acc[0][j], acc[1][j]), V::fadd(acc[0][NK + j], acc[1][NK + j]));
+  if (MIN && k0 == 0) *off = V::fadd(offs[0], offs[1]);
+}
+
+// y[m * ystride + i] (i < V::LANES) for the group's rows half * LANES + i and every activation row m.
+template <class V, int64_t T>
+void legacy_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, float* y, int64_t ystride) {
+  using F = typename V::F;
+  constexpr bool MIN = T == Q4_1 || T == Q5_1;
+  for (int64_t m = 0; m < x.M; m++) {
+    F q[4], off = V::fzero();
+    if constexpr (V::LANES == 16) {
+      legacy_x16_lanes<V, T, 0, 4>(g, first, half, x, m, q, &off);
+    } else {  // AVX2: lanes {0, 1, 4, 5}, then {2, 3, 6, 7}
+      legacy_x16_lanes<V, T, 0, 2>(g, first, half, x, m, q, &off);
+      legacy_x16_lanes<V, T, 2, 2>(g, first, half, x, m, q + 2, nullptr);
+    }
+    F v = V::fadd(V::fadd(q[0], q[2]), V::fadd(q[1], q[3]));  // hsum's last two steps
+    if constexpr (MIN) v = V::fadd(v, off);
+    V::store(y + m * ystride, v);
+  }
+}
+
+}  // namespace offspec
