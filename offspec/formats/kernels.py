@@ -32,7 +32,7 @@ from .gpu.choice import cuda_kernels
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h",
-           "ggml_x16.h", "ggml_x16_legacy.h", "attention.h", "layer.h")
+           "ggml_x16.h", "ggml_x16_vec.h", "ggml_x16_legacy.h", "attention.h", "layer.h")
 # "avx2": build without AVX-512 on a CPU that has it; "avx512": without AMX (the results are the same)
 ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
 # "rows": keep resident weights row-major instead of interleaving them (an A/B switch; the same results)
@@ -252,8 +252,8 @@ def dequantize_rows(raw: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
 
 
 def interleaves() -> bool:
-    """Whether resident weights of the X16_NAMES types get their rows interleaved for this CPU's kernels (csrc/ggml_x16.h:
-    AVX2 or AVX-512 builds), unless OFFSPEC_CPU_LAYOUT=rows asks to keep them row-major."""
+    """Whether resident weights of the X16_NAMES types get their rows interleaved for this CPU's kernels
+    (csrc/ggml_x16.h: AVX2 or AVX-512 builds), unless OFFSPEC_CPU_LAYOUT=rows asks to keep them row-major."""
     choice = os.environ.get(LAYOUT_VARIABLE, "").strip().lower() or "auto"
     if choice not in ("auto", "rows"):
         raise OffspecError(f"{LAYOUT_VARIABLE}={choice}: use rows (row-major weights) or auto")
