@@ -127,6 +127,31 @@ def test_the_reduced_head_gives_the_full_heads_rows_bit_for_bit(type_name):
     assert sub.token_ids.tolist() == ids.tolist() and sub.admit([7]) == 1
 
 
+@pytest.mark.parametrize("layout", ["auto", "rows"])
+def test_a_reduced_heads_rows_chosen_at_load_are_interleaved_and_give_the_same_bits(layout, monkeypatch):
+    """On a CPU with the compiled kernels, the rows chosen at load are interleaved 16 at a time (two groups and 5
+    rows here), from an interleaved head or from its store's rows; the admitted rows stay row-major after them."""
+    monkeypatch.setenv(kernels.LAYOUT_VARIABLE, layout)
+    rng = np.random.default_rng(1)
+    tid = __import__("gguf").GGMLQuantizationType["Q8_0"].value
+    raw = torch.from_numpy(random_blocks(rng, "Q8_0", 300, 256))  # (300, row_bytes)
+    head = QLinear(tid, 256, 300, True, torch.device("cpu"))
+    head.qweight.copy_(raw)
+    head.bias.copy_(torch.randn(300))
+    x = torch.randn(5, 256)
+    full = head(x)  # (5, 300)
+    interleaved = layout == "auto" and kernels.interleaves()
+    assert kernels.interleave(head) == interleaved  # a resident head's rows, as materialize leaves them
+    ids = torch.arange(0, 296, 8)  # (37,)
+    for source in (None, raw):
+        sub = SubsetHead(head, ids, 300, source=source, extra=4)
+        assert sub.static_interleaved == interleaved
+        assert torch.equal(sub.subset(x), full[:, ids])
+        assert sub.admit([3, 299, 8]) == 2
+        assert torch.equal(sub.subset(x), full[:, sub.token_ids])
+        assert torch.equal(sub(x)[:, sub.token_ids], full[:, sub.token_ids])
+
+
 def test_a_new_conversation_refreshes_a_head_half_full_of_earlier_tokens():
     from types import SimpleNamespace
 

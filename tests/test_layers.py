@@ -11,7 +11,7 @@ import torch
 from helpers.tiny_gguf import save_tiny_gguf
 
 import offspec
-from offspec.formats import kernels
+from offspec.formats import kernels, layers
 from offspec.formats.layers import install, unsupported
 from offspec.formats.modules import QLinear
 from offspec.spec.runner import COMPILED_MAX_TOKENS
@@ -105,6 +105,50 @@ def test_each_row_is_the_same_bits_whatever_the_pass(cache, ggufs, name):
     whole = _causal(runner, PROMPT, [len(PROMPT)])
     assert torch.equal(_causal(runner, PROMPT, [1] * len(PROMPT)), whole)
     assert torch.equal(_causal(runner, PROMPT, [4, 1, 8]), whole)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
+def test_a_resident_pass_runs_its_layers_in_one_call_with_the_same_bits(cache, tmp_path, monkeypatch, arch):
+    """The plain families (their model's forward: embed, rotary, layers, norm) run a resident pass's layers in one
+    compiled call (layers.stack_forward, csrc/layer_stack.h); gemma's forward does more, so it keeps the model's
+    loop. Either way the bits are those of the layers called one by one."""
+    runner = _target(save_tiny_gguf(tmp_path / f"{arch}.gguf", arch, seed=4, layers=3))
+    assert runner.io is None  # resident
+    stacked = _causal(runner, PROMPT, [4, 1, 8])
+    assert hasattr(runner.body, "_offspec_stack") == (arch not in ("gemma2", "gemma3"))
+    monkeypatch.setattr(layers, "USE_STACK", False)
+    assert torch.equal(_causal(runner, PROMPT, [4, 1, 8]), stacked)
+    assert torch.equal(_causal(runner, PROMPT, [len(PROMPT)]), stacked)
+
+
+def test_a_layer_with_hooks_keeps_the_models_loop(cache, ggufs):
+    """Streaming binds a layer's weights in its forward hooks: a body with any layer hook never runs the stack."""
+    runner = _target(ggufs["llama"])
+    runner.body.__dict__.pop("_offspec_stack", None)  # built by the warm-up passes of `load`
+    calls = []
+    hook = runner.model.model.layers[2].register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        _causal(runner, PROMPT, [len(PROMPT)])
+        assert calls == [1] and not hasattr(runner.body, "_offspec_stack")
+    finally:
+        hook.remove()
+    _causal(runner, PROMPT, [len(PROMPT)])
+    assert calls == [1] and hasattr(runner.body, "_offspec_stack")
+
+
+def test_a_rebound_weight_rebuilds_the_stack(cache, ggufs):
+    """The stack holds the tensors and kernel types bound when it was built; a weight bound anew (or laid out
+    anew: rows interleaved or back) is seen at the next pass."""
+    runner = _target(ggufs["legacy"])
+    whole = _causal(runner, PROMPT, [len(PROMPT)])
+    first = runner.body._offspec_stack
+    q = runner.model.model.layers[1].self_attn.q_proj
+    q._buffers["qweight"] = kernels.stored_rows(q).clone()  # row-major again (or a copy, where never interleaved)
+    q.interleaved = False
+    assert torch.equal(_causal(runner, PROMPT, [len(PROMPT)]), whole)
+    assert runner.body._offspec_stack is not first
+    layer1 = runner.body._offspec_stack
+    assert layer1.tensors[16] is q._buffers["qweight"] and layer1.types[7] == q.type_id  # layer 1's q: row-major
 
 
 def test_a_row_ignores_the_keys_it_may_not_see(cache, ggufs):

@@ -15,6 +15,12 @@ Families (`FAMILY_LAYERS`): llama (Llama, SmolLM2), mistral, qwen2 (q/k/v biases
 projections, partial rotary). A layer's sliding window is in the mask it is given (the runner builds one per
 window, `active`).
 
+A resident model of the plainest families (`PLAIN_BODIES`: their model's forward is the token embedding, the rotary
+embedding, the layers and the final norm, nothing more) goes one step further: `stack_forward` runs all its layers
+in one compiled call (csrc/layer_stack.h), the same layer calls without transformers' model loop, module calls and
+argument lists in between (2-3 ms of a 28-layer pass). `USE_STACK = False` runs them layer by layer (for
+comparing; the same bits).
+
 Exactness: each row's result depends on that row alone (the row-invariant kernels, exact attention per query), so
 a tree pass and a one-token pass compute the same bits, as the exact attention of `attention.py` does for the rest
 of a transformers layer. A target runs every pass compiled, so its decoding passes never mix the two paths; a draft
@@ -180,6 +186,87 @@ def install(model: nn.Module, device: torch.device, dtype: torch.dtype) -> Optio
 
 def _weight(module: Optional[nn.Module], attr: str) -> Optional[torch.Tensor]:
     return None if module is None else getattr(module, attr)
+
+
+def _own(module: Optional[nn.Module], attr: str) -> Optional[torch.Tensor]:
+    """`_weight` from the module's own dicts first (nn.Module.__getattr__ costs about a microsecond a read)."""
+    if module is None:
+        return None
+    d = module.__dict__
+    if attr in d["_parameters"]:
+        return d["_parameters"][attr]
+    if attr in d["_buffers"]:
+        return d["_buffers"][attr]
+    return getattr(module, attr)
+
+
+# transformers' model classes whose forward is embed -> rotary embedding -> the layers -> final norm and nothing else
+PLAIN_BODIES = frozenset({"LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model", "Phi3Model"})
+USE_STACK = True  # False: `stack_forward` declines (every pass runs layer by layer through the model's forward)
+
+
+class _Stack(NamedTuple):
+    native: Any  # the compiled LayerStack
+    tensors: list  # the weights, biases and norms it holds: rebuilt once any is no longer its module's own
+    types: list  # the kernel types it was given
+    windows: tuple  # the window of each mask `forward` takes, in its order
+
+
+def _bound(parts: _Parts) -> tuple[list, list]:
+    """A layer's tensors (7 weights, 3 biases, 6 norms; None where absent) and 7 kernel types, as bound now."""
+    tensors = [_own(p, "qweight") for p in parts.projections] + [_own(p, "bias") for p in parts.biased] + \
+        [_own(n, "weight") for n in parts.norms]
+    return tensors, [p.kernel_type if p is not None else -1 for p in parts.projections]
+
+
+def stack_forward(body: nn.Module, tokens: torch.Tensor, positions: torch.Tensor, cache: Any,
+                  visibles: dict) -> Optional[torch.Tensor]:
+    """The (q, hidden) final hidden states of `tokens` (q,) at `positions` (q,) through `body` (the model's
+    decoder, every layer installed), its layers in one compiled call, attending as `visibles` ({window: (q, kv_len)
+    bool}) allows; None where this body cannot (another family, a layer not installed): then run its forward. The
+    caller's cache is prepared (write slots, kv_len). Layers with hooks (streamed ones: their weights are bound in
+    their hooks) keep the model's loop."""
+    if not USE_STACK or type(body).__name__ not in PLAIN_BODIES:
+        return None
+    all_parts = body.__dict__.get("_offspec_stack_parts")
+    if all_parts is None:  # looked up once
+        found = [getattr(layer, "_offspec_parts", None) for layer in body.layers[: body.config.num_hidden_layers]]
+        all_parts = found if all(isinstance(p, _Parts) for p in found) else []
+        body._offspec_stack_parts = all_parts
+    if not all_parts:
+        return None
+    if any(layer._forward_pre_hooks or layer._forward_hooks for layer in body.layers):
+        return None  # streaming binds a layer's weights in its hooks; any hook sees every call it saw before
+    tensors, kinds = [], []
+    for parts in all_parts:  # what the layers hold now (about 20 us a pass): a rebound or re-laid weight rebuilds
+        t, k = _bound(parts)
+        tensors += t
+        kinds += k
+    stack: Optional[_Stack] = body.__dict__.get("_offspec_stack")
+    if stack is None or stack.types != kinds or any(a is not b for a, b in zip(stack.tensors, tensors)):
+        stack = _build_stack(all_parts, tensors, kinds)
+        body._offspec_stack = stack
+    hidden = body.embed_tokens(tokens[None])  # (1, q, hidden)
+    cos, sin = body.rotary_emb(hidden, position_ids=positions[None])  # (1, q, rotary dims) each
+    keys, values = [], []
+    for parts in all_parts:
+        k, v = cache.buffers(parts.layer_idx, hidden, parts.kv_heads, parts.head_dim)
+        keys.append(k)
+        values.append(v)
+    out = stack.native.forward(hidden[0].contiguous(), cos[0].float().contiguous(), sin[0].float().contiguous(), keys,
+                               values, cache.write_slots, cache.kv_len, [visibles[w] for w in stack.windows])
+    return body.norm(out[None])[0]  # (q, hidden)
+
+
+def _build_stack(all_parts: list, tensors: list, kinds: list) -> _Stack:
+    native = kernels.compiled().LayerStack()
+    windows = tuple(dict.fromkeys(p.window for p in all_parts))
+    for i, parts in enumerate(all_parts):
+        t = tensors[16 * i : 16 * (i + 1)]
+        native.add(t[:7], kinds[7 * i : 7 * (i + 1)], t[7:10], t[10:16], parts.eps, parts.offset, parts.heads,
+                   parts.kv_heads, parts.head_dim, parts.scaling, parts.softcap, parts.activation,
+                   windows.index(parts.window))
+    return _Stack(native, tensors, kinds, windows)
 
 
 def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -29,6 +29,7 @@ from torch import nn
 
 from offspec.errors import OffspecError
 from offspec.formats import kernels
+from offspec.formats.ggml import KERNEL_TYPES
 from offspec.formats.modules import QLinear
 from offspec.util.paths import config_dir
 
@@ -150,6 +151,13 @@ class SubsetHead(nn.Module):
         self.n = self.static
         self._known = torch.zeros(vocab_size, dtype=torch.bool)  # (vocab_size,) host: which tokens have a row
         self._known[ids.cpu()] = True
+        # the rows chosen at load interleaved for the CPU kernels, as a resident head's are (formats.kernels
+        # .interleave; the same bits); the rows admitted later stay row-major after them, computed apart
+        self.static_interleaved = (self.type_id is not None and device.type == "cpu" and self.static >= 16
+                                   and KERNEL_TYPES[self.type_id].name in kernels.X16_NAMES and kernels.interleaves())
+        if self.static_interleaved:
+            static = self.rows[: self.static]
+            static.copy_(kernels.compiled().interleave(static, self.type_id, self.in_features, True))
 
     def admit(self, tokens: Sequence[int]) -> int:
         """Give the tokens in `tokens` that have no row yet one (while rows are left); returns how many were added."""
@@ -180,6 +188,8 @@ class SubsetHead(nn.Module):
     def subset(self, x: torch.Tensor) -> torch.Tensor:
         rows = self.rows[: self.n]
         bias = None if self.bias_rows is None else self.bias_rows[: self.n]
+        if self.static_interleaved:
+            return self._subset_interleaved(x)
         if self.type_id is not None:
             return kernels.linear(x, rows, self.type_id, self.in_features, bias)  # (..., n)
         if x.device.type == "cpu" and 1 < x.numel() // x.shape[-1] <= 256:  # skinny: see offspec/formats/cpu_linear.py
@@ -187,6 +197,16 @@ class SubsetHead(nn.Module):
             y = (y + bias if bias is not None else y).reshape(*x.shape[:-1], self.n)
             return y.contiguous()
         return nn.functional.linear(x, rows, bias)  # (..., n)
+
+    def _subset_interleaved(self, x: torch.Tensor) -> torch.Tensor:
+        """`subset` where the rows chosen at load are interleaved: those, then the admitted ones (row-major)."""
+        s, n = self.static, self.n
+        bias = (None, None) if self.bias_rows is None else (self.bias_rows[:s], self.bias_rows[s:n])
+        y = kernels.linear(x, self.rows[:s], self.type_id + kernels.X16_TYPES, self.in_features, bias[0])  # (..., s)
+        if n == s:
+            return y
+        admitted = kernels.linear(x, self.rows[s:n], self.type_id, self.in_features, bias[1])  # (..., n - s)
+        return torch.cat([y, admitted], dim=-1)  # (..., n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         part = self.subset(x)  # (..., n)

@@ -19,6 +19,7 @@ from offspec.formats.attention import layer_windows, windowed
 from offspec.formats.gpu.choice import cuda_kernels
 from offspec.formats.layers import active as compiled_layers
 from offspec.formats.layers import install as install_layers
+from offspec.formats.layers import stack_forward
 from offspec.formats.modules import QLinear
 
 from .kvcache import SlotKVCache
@@ -110,13 +111,17 @@ class ModelRunner:
         # each window's visible keys: {window: (q, kv_len) bool}, None the whole `visible`
         keys = self.cache.positions[:kv_len]
         visibles = {w: windowed(visible, positions, keys, w) for w in set(self.windows)}
+        # a target's passes all run one path (exact attention either way); a draft's long passes run transformers'
+        compiled = self.layers_unsupported is None and (self.exact or q <= COMPILED_MAX_TOKENS)
+        if compiled and self.io is None:  # resident: all the layers in one compiled call where the family allows
+            hidden = stack_forward(self.body, tokens, positions, self.cache, visibles)
+            if hidden is not None:
+                return hidden
         masks = {w: self._additive(v) for w, v in visibles.items()}  # (1, 1, q, kv_len) each
         if self._layer_types is None:
             mask = masks[self.windows[0]]
         else:  # one per layer type, as transformers' own masks for these models are given
             mask = {t: masks[w] for t, w in zip(self._layer_types, self.windows)}
-        # a target's passes all run one path (exact attention either way); a draft's long passes run transformers'
-        compiled = self.layers_unsupported is None and (self.exact or q <= COMPILED_MAX_TOKENS)
         with exact_attention(self.exact), compiled_layers(visibles if compiled else None):
             out = self.body(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
                             use_cache=True, **{self._cache_arg: self.cache})

@@ -5,6 +5,7 @@
 //   dequantize(w, type, K)  the exact float32 values of rows of blocks (gguf's reference arithmetic)
 //   attend(q, k, v, visible, scale, softcap)  attention per query over its visible keys only (attention.h)
 //   decoder_layer(...)      a whole decoder layer in one call: llama, qwen2/3, gemma2/3, phi3 (layer.h)
+//   LayerStack              a model's decoder layers bound once, run in one call (layer_stack.h)
 //
 // Row invariance: y[m, n] depends only on x[m] and W[n] (see ggml_dot.h), never on M or the thread split, so
 // a one-token pass and a tree pass give bitwise identical rows.
@@ -126,6 +127,7 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
 }
 
 #include "layer.h"  // decoder_layer: one decoder layer per call (llama, qwen, gemma, phi3 families), on qgemm
+#include "layer_stack.h"  // LayerStack: a model's layers in one call
 
 torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
   if (is_x16(type)) {  // back to row-major rows first (a copy), then as the ggml type
@@ -209,5 +211,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("interleave", &interleave, "weight rows interleaved 16 at a time (forward) or back (ggml_x16.h)");
   m.def("isa", &isa, "the instruction set the kernels were built for");
   m.def("set_grid", &set_grid, "the lattice grid of an IQ type, (entries, 8 or 4) int8 (once, at load)");
+  pybind11::class_<LayerStack>(m, "LayerStack", "a model's decoder layers bound once, run in one call (layer_stack.h)")
+      .def(pybind11::init<>())
+      .def("add", &LayerStack::add)
+      .def("size", &LayerStack::size)
+      .def("forward", &LayerStack::forward);
   m.def("set_amx", &set_amx, "switch the AMX tiles off or on (the same results); returns whether they were on");
 }
