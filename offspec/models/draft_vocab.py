@@ -186,10 +186,10 @@ class SubsetHead(nn.Module):
         return self.ids[: self.n]  # (n,)
 
     def subset(self, x: torch.Tensor) -> torch.Tensor:
-        rows = self.rows[: self.n]
-        bias = None if self.bias_rows is None else self.bias_rows[: self.n]
         if self.static_interleaved:
             return self._subset_interleaved(x)
+        rows = self.rows[: self.n]
+        bias = None if self.bias_rows is None else self.bias_rows[: self.n]
         if self.type_id is not None:
             return kernels.linear(x, rows, self.type_id, self.in_features, bias)  # (..., n)
         if x.device.type == "cpu" and 1 < x.numel() // x.shape[-1] <= 256:  # skinny: see offspec/formats/cpu_linear.py
