@@ -211,7 +211,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("interleave", &interleave, "weight rows interleaved 16 at a time (forward) or back (ggml_x16.h)");
   m.def("isa", &isa, "the instruction set the kernels were built for");
   m.def("set_grid", &set_grid, "the lattice grid of an IQ type, (entries, 8 or 4) int8 (once, at load)");
-  pybind11::class_<LayerStack>(m, "LayerStack", "a model's decoder layers bound once, run in one call (layer_stack.h)")
+  // module_local: each build of these kernels (tests load the AVX2 and AVX-512 ones side by side) has its own class
+  pybind11::class_<LayerStack>(m, "LayerStack", pybind11::module_local(),
+                               "a model's decoder layers bound once, run in one call (layer_stack.h)")
       .def(pybind11::init<>())
       .def("add", &LayerStack::add)
       .def("size", &LayerStack::size)
