@@ -113,7 +113,7 @@ class ModelRunner:
         visibles = {w: windowed(visible, positions, keys, w) for w in set(self.windows)}
         # a target's passes all run one path (exact attention either way); a draft's long passes run transformers'
         compiled = self.layers_unsupported is None and (self.exact or q <= COMPILED_MAX_TOKENS)
-        if compiled and self.io is None:  # resident: all the layers in one compiled call where the family allows
+        if compiled:  # all the layers in one compiled call where the family allows (not where a layer streams)
             hidden = stack_forward(self.body, tokens, positions, self.cache, visibles)
             if hidden is not None:
                 return hidden

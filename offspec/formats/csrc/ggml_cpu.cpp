@@ -216,7 +216,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                "a model's decoder layers bound once, run in one call (layer_stack.h)")
       .def(pybind11::init<>())
       .def("add", &LayerStack::add)
-      .def("size", &LayerStack::size)
       .def("forward", &LayerStack::forward);
   m.def("set_amx", &set_amx, "switch the AMX tiles off or on (the same results); returns whether they were on");
 }

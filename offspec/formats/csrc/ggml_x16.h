@@ -52,8 +52,9 @@ constexpr int64_t Q4_K_X16 = Q4_K + X16_TYPES, Q6_K_X16 = Q6_K + X16_TYPES;
 // The legacy types' interleaved group blocks: where d, m, qh and the quants start (`odd`: the block's index in the
 // weight is odd; only the types whose group block is not whole cache lines alternate).
 struct LegacyX16Layout {
-  int64_t row_bytes, group_bytes, quants;
+  int64_t group_bytes, quants;
   bool min, qh, flip;
+  int64_t qh_in_row() const { return min ? 4 : 2; }  // where a row-major block's qh word starts (after d, m)
   int64_t d_at(bool odd) const { return flip && !odd ? quants + (qh ? 64 : 0) : 0; }
   int64_t m_at() const { return 32; }  // Q4_1, Q5_1 (never flipped)
   int64_t qh_at(bool odd) const { return flip ? (odd ? 32 : quants) : min ? 64 : 32; }
@@ -68,7 +69,7 @@ constexpr bool x16_legacy(int64_t type) {
 constexpr LegacyX16Layout legacy_x16_layout(int64_t type) {
   const int64_t rb = type == Q4_0 || type == IQ4_NL ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22
                      : type == Q5_1 ? 24 : 34;
-  return {rb, X16_ROWS * rb, type == Q8_0 ? 512 : 256, type == Q4_1 || type == Q5_1, type == Q5_0 || type == Q5_1,
+  return {X16_ROWS * rb, type == Q8_0 ? 512 : 256, type == Q4_1 || type == Q5_1, type == Q5_0 || type == Q5_1,
           X16_ROWS * rb % 64 != 0};
 }
 
@@ -93,7 +94,7 @@ inline int64_t x16_offset(int64_t type, int64_t r, int64_t o, bool odd) {
     const LegacyX16Layout L = legacy_x16_layout(type);
     if (o < 2) return L.d_at(odd) + 2 * r + o;  // d
     if (L.min && o < 4) return L.m_at() + 2 * r + (o - 2);
-    const int64_t qh0 = L.min ? 4 : 2, q0 = qh0 + (L.qh ? 4 : 0);
+    const int64_t qh0 = L.qh_in_row(), q0 = qh0 + (L.qh ? 4 : 0);
     if (L.qh && o < q0) return L.qh_at(odd) + 4 * r + (o - qh0);
     const int64_t i = o - q0;
     return L.quants_at(odd) + (i / 4) * 64 + 4 * r + i % 4;
@@ -124,6 +125,8 @@ inline int64_t x16_offset(int64_t type, int64_t r, int64_t o, bool odd) {
 // at a time): a 1.5B model's weights take well under a second.
 inline void x16_permute(const uint8_t* src, uint8_t* dst, int64_t N, int64_t rb, int64_t type, bool forward) {
   const int64_t B = layout_of(type).bytes, nsb = rb / B, groups = N / X16_ROWS;
+  const bool q5 = x16_legacy(type) && legacy_x16_layout(type).qh;  // Q5_0, Q5_1: their qh bits move too
+  const LegacyX16Layout q5_layout = legacy_x16_layout(q5 ? type : Q5_0);
   struct Run { int64_t from, to, len; };  // row r's bytes o .. o + len -> the group super-block's to .. to + len
   std::vector<Run> runs[2];  // by the super-block's parity (Q6_K), for the 16 rows: from = r * B + o
   for (int64_t odd = 0; odd < 2; odd++)
@@ -144,11 +147,11 @@ inline void x16_permute(const uint8_t* src, uint8_t* dst, int64_t N, int64_t rb,
           if (forward) std::memcpy(mixed + run.to, src + row, run.len);
           else std::memcpy(dst + row, mixed + run.to, run.len);
         }
-        if (x16_legacy(type) && legacy_x16_layout(type).qh)  // the qh words' bits (see above)
+        if (q5)  // the qh words' bits (see above)
           for (int64_t r = 0; r < X16_ROWS; r++) {
             const bool odd = (g * nsb + sb) % 2;
-            uint8_t* word = forward ? mixed + legacy_x16_layout(type).qh_at(odd) + 4 * r
-                                    : dst + (g * X16_ROWS + r) * rb + sb * B + (legacy_x16_layout(type).min ? 4 : 2);
+            uint8_t* word = forward ? mixed + q5_layout.qh_at(odd) + 4 * r
+                                    : dst + (g * X16_ROWS + r) * rb + sb * B + q5_layout.qh_in_row();
             uint32_t w;
             std::memcpy(&w, word, 4);
             w = x16_qh_bits(w, forward);

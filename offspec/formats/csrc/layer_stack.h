@@ -23,8 +23,6 @@ class LayerStack {
                        Hkv, D, scale, softcap, activation, window});
   }
 
-  int64_t size() const { return (int64_t)layers_.size(); }
-
   // h (M, E) through every layer; k_caches, v_caches: one buffer pair per layer; visibles: the (M, kv_len) masks
   // the layers' `window` indices pick.
   torch::Tensor forward(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
