@@ -7,12 +7,20 @@
 // is hsum(even + odd) (lanes l and l + 4, then 0 + 2 and 1 + 3, then the two). Interleaved, the 16 rows' sums of
 // lane l are one vpdpbusd of chunk l with 4 broadcast activations, so each of the 8 lanes x 2 parities is a register
 // of 16 rows and the whole reduction is vertical: the same integers, the same float steps in the same order, the
-// same bits, with no horizontal sums and the scales of 16 rows in one conversion. 16 accumulators take half of
-// AVX-512's registers, so a pass computes one activation row (the group's weights come back from L1 for the next);
-// AVX2's 16 registers hold half of them: lanes {0, 1, 4, 5}, then {2, 3, 6, 7}, each chunk read once.
+// same bits, with no horizontal sums and the scales of 16 rows in one conversion. One activation row's 16
+// accumulators take half of AVX-512's registers, so several rows split the lanes between passes: 4 rows take lane
+// pair {k, k + 4} per pass over the group's blocks, 2 rows lanes {0, 1, 4, 5} then {2, 3, 6, 7}, 1 row all 8; each
+// chunk is unpacked once for the rows of a pass (on the draft's Q5_0 the unpacking costs as much as the products).
+// AVX2's 16 registers hold 8 accumulators: 1 row in two passes of 4 lanes, 2 rows in four of 2.
 #pragma once
 
 namespace offspec {
+
+constexpr int LEGACY_X16_TILE = 4;  // AVX-512: activation rows per pass over a group's blocks (4, 2 or 1)
+
+// Inlined wherever used: a chunk's registers passed by reference, or accumulators captured by one, go through memory
+// where gcc outlines the function (it did, by the instantiations around it: 0.6x).
+#define OFFSPEC_X16_INLINE __attribute__((always_inline))
 
 // Do a signed legacy type's products run as unsigned bytes u = q + offset, the lane sums starting at XSet::o (exact
 // where the multiply cannot saturate: VNNI's vpdpbusd, or a byte below 128 for maddubs), rather than with the sign
@@ -29,7 +37,7 @@ constexpr bool x16_offset_lanes(int64_t type) {
 // take: u = q + offset (x16_offset_lanes: Q4_0 and Q5_0 always), q (Q4_1, Q5_1: unsigned already), or signed q
 // (Q8_0, IQ4_NL without VNNI).
 template <class V, int64_t T>
-inline void legacy_x16_chunk(const uint8_t* quants, const typename V::I& qh, int k, int64_t half,
+OFFSPEC_X16_INLINE inline void legacy_x16_chunk(const uint8_t* quants, const typename V::I& qh, int k, int64_t half,
                              typename V::I& lo, typename V::I& hi) {
   using I = typename V::I;
   const int64_t at = half * 4 * V::LANES;
@@ -74,76 +82,114 @@ inline void legacy_x16_chunk(const uint8_t* quants, const typename V::I& qh, int
 
 // The exact sum of the products of one lane's 4 weights (as legacy_x16_chunk gives them) with 4 activations.
 template <class V, int64_t T>
-inline typename V::I legacy_x16_isum(const typename V::I& w, const int8_t* x4, int32_t offset_term) {
+OFFSPEC_X16_INLINE inline typename V::I legacy_x16_isum(const typename V::I& w, const int8_t* x4, int32_t offset_term) {
   if constexpr (x16_offset_lanes(T)) return V::dpbusd(V::set32(offset_term), w, V::bcast4(x4));
   else if constexpr (T == Q4_1 || T == Q5_1) return V::dpbusd(V::zero(), w, V::bcast4(x4));
   else return V::dot_signed(w, V::bcast4(x4));
 }
 
-// Lanes k0 .. k0 + NK and k0 + 4 .. k0 + 4 + NK of one activation row m over a group's blocks at g (`first`: the
-// index in the weight of its first block): q[j] = t[k0 + j] + t[k0 + j + 4], t = even + odd (the first step of
-// hsum); for Q4_1 / Q5_1, `off` = off_even + off_odd (where k0 == 0).
-template <class V, int64_t T, int k0, int NK>
-void legacy_x16_lanes(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64_t m, typename V::F* q,
-                      typename V::F* off) {
+// Lanes k0 .. k0 + NK and k0 + 4 .. k0 + 4 + NK of activation rows m0 .. m0 + R over a group's blocks at g
+// (`first`: the index in the weight of its first block): q[r][k0 + j] = t[k0 + j] + t[k0 + j + 4] of row m0 + r,
+// t = even + odd (the first step of hsum); for Q4_1 / Q5_1, off[r] = off_even + off_odd (where k0 == 0). The R rows
+// share each chunk's unpacking; every row's float steps are those of a pass of its own.
+template <class V, int64_t T, int k0, int NK, int R>
+void legacy_x16_lanes(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64_t m0,
+                      typename V::F (*q)[4], typename V::F* off) {
   using I = typename V::I;
   using F = typename V::F;
-  constexpr LegacyX16Layout L = legacy_x16_layout(T);
   constexpr bool MIN = T == Q4_1 || T == Q5_1, QH = T == Q5_0 || T == Q5_1;
-  F acc[2][2 * NK];  // [block parity][j]: lane k0 + j (j < NK), lane k0 + j - NK + 4 (j >= NK)
-  F offs[2];         // [block parity] Q4_1 / Q5_1: sum of (m * dx) * sum(x)
-  for (int p = 0; p < 2; p++) {
-    offs[p] = V::fzero();
-    for (int j = 0; j < 2 * NK; j++) acc[p][j] = V::fzero();
-  }
-  const int32_t* o = x16_offset_lanes(T) ? x.orow(m, 0) : nullptr;
-  for (int64_t xb = 0, n = x.K / 32; xb < n; xb++) {
+  F acc[2][2 * NK][R];  // [block parity][j][row]: lane k0 + j (j < NK), lane k0 + j - NK + 4 (j >= NK)
+  F offs[2][R];         // [block parity][row] Q4_1 / Q5_1: sum of (m * dx) * sum(x)
+  for (int p = 0; p < 2; p++)
+    for (int r = 0; r < R; r++) {
+      offs[p][r] = V::fzero();
+      for (int j = 0; j < 2 * NK; j++) acc[p][j][r] = V::fzero();
+    }
+  // block xb into the accumulators of parity PAR (a constant, so that they stay in registers)
+  auto block = [&](int64_t xb, auto PAR) OFFSPEC_X16_INLINE {
+    constexpr int par = decltype(PAR)::value;
+    constexpr LegacyX16Layout L = legacy_x16_layout(T);  // not the enclosing one: gcc 12 cannot capture it
     const bool odd = (first + xb) % 2;  // the layout of this block (ggml_x16.h)
-    const int par = xb % 2;             // its accumulators (the row-major kernels' even / odd)
     const uint8_t* b = g + xb * L.group_bytes;
-    const float dx = x.dval(m, xb);
-    const F scale = V::fmul(V::halves(b + L.d_at(odd) + 2 * half * V::LANES), V::fset(dx));
+    const F d = V::halves(b + L.d_at(odd) + 2 * half * V::LANES);
+    F scale[R];
+    for (int r = 0; r < R; r++) scale[r] = V::fmul(d, V::fset(x.dval(m0 + r, xb)));
     const I qh = QH ? V::load(b + L.qh_at(odd) + half * 4 * V::LANES) : V::zero();
-    const int8_t* xq = x.qrow(m, xb);
 #pragma GCC unroll 4
     for (int j = 0; j < NK; j++) {
       const int k = k0 + j;
       I lo, hi;
       legacy_x16_chunk<V, T>(b + L.quants_at(odd), qh, k, half, lo, hi);
-      const I slo = legacy_x16_isum<V, T>(lo, xq + 4 * k, o ? o[xb * 8 + k] : 0);
-      const I shi = legacy_x16_isum<V, T>(hi, xq + 4 * (k + 4), o ? o[xb * 8 + k + 4] : 0);
-      acc[par][j] = V::fmadd(V::cvt(slo), scale, acc[par][j]);
-      acc[par][NK + j] = V::fmadd(V::cvt(shi), scale, acc[par][NK + j]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) {
+        const int8_t* xq = x.qrow(m0 + r, xb);
+        const int32_t* o = x16_offset_lanes(T) ? x.orow(m0 + r, xb) : nullptr;
+        const I slo = legacy_x16_isum<V, T>(lo, xq + 4 * k, o ? o[k] : 0);
+        const I shi = legacy_x16_isum<V, T>(hi, xq + 4 * (k + 4), o ? o[k + 4] : 0);
+        acc[par][j][r] = V::fmadd(V::cvt(slo), scale[r], acc[par][j][r]);
+        acc[par][NK + j][r] = V::fmadd(V::cvt(shi), scale[r], acc[par][NK + j][r]);
+      }
     }
     if constexpr (MIN) {
       if (k0 == 0) {
-        const F mdx = V::fmul(V::halves(b + L.m_at() + 2 * half * V::LANES), V::fset(dx));
-        offs[par] = V::fadd(offs[par], V::fmul(mdx, V::fset((float)x.sval(m, xb))));
+        const F m = V::halves(b + L.m_at() + 2 * half * V::LANES);
+        for (int r = 0; r < R; r++) {
+          const F mdx = V::fmul(m, V::fset(x.dval(m0 + r, xb)));
+          offs[par][r] = V::fadd(offs[par][r], V::fmul(mdx, V::fset((float)x.sval(m0 + r, xb))));
+        }
       }
     }
+  };
+  const int64_t n = x.K / 32;  // blocks: even ones to the even accumulators, odd ones to the odd
+  int64_t xb = 0;
+  for (; xb + 2 <= n; xb += 2) {
+    block(xb, std::integral_constant<int, 0>{});
+    block(xb + 1, std::integral_constant<int, 1>{});
   }
-  for (int j = 0; j < NK; j++)
-    q[j] = V::fadd(V::fadd(acc[0][j], acc[1][j]), V::fadd(acc[0][NK + j], acc[1][NK + j]));
-  if (MIN && k0 == 0) *off = V::fadd(offs[0], offs[1]);
+  if (xb < n) block(xb, std::integral_constant<int, 0>{});
+  for (int r = 0; r < R; r++) {
+    for (int j = 0; j < NK; j++)
+      q[r][k0 + j] = V::fadd(V::fadd(acc[0][j][r], acc[1][j][r]), V::fadd(acc[0][NK + j][r], acc[1][NK + j][r]));
+    if (MIN && k0 == 0) off[r] = V::fadd(offs[0][r], offs[1][r]);
+  }
+}
+
+// y[(m0 + r) * ystride + i] (i < V::LANES) for the group's rows half * LANES + i and activation rows m0 .. m0 + R:
+// R rows at a time in NK = 4 / R lanes per pass (AVX-512: 16 accumulators), or NK = 2 / R (AVX2's 16 registers
+// hold 8 of them); the passes over the group's lanes read its chunks once between them.
+template <class V, int64_t T, int R>
+void legacy_x16_tile(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64_t m0, float* y,
+                     int64_t ystride) {
+  using F = typename V::F;
+  constexpr bool MIN = T == Q4_1 || T == Q5_1;
+  constexpr int NK = (V::LANES == 16 ? 4 : 2) / R;
+  static_assert(NK >= 1, "at most 4 rows (AVX-512) or 2 (AVX2) per pass");
+  F q[R][4], off[R];
+  for (int r = 0; r < R; r++) off[r] = V::fzero();
+  legacy_x16_lanes<V, T, 0, NK, R>(g, first, half, x, m0, q, off);
+  if constexpr (NK <= 2) legacy_x16_lanes<V, T, NK, NK, R>(g, first, half, x, m0, q, off);
+  if constexpr (NK == 1) {
+    legacy_x16_lanes<V, T, 2, 1, R>(g, first, half, x, m0, q, off);
+    legacy_x16_lanes<V, T, 3, 1, R>(g, first, half, x, m0, q, off);
+  }
+  for (int r = 0; r < R; r++) {
+    F v = V::fadd(V::fadd(q[r][0], q[r][2]), V::fadd(q[r][1], q[r][3]));  // hsum's last two steps
+    if constexpr (MIN) v = V::fadd(v, off[r]);
+    V::store(y + (m0 + r) * ystride, v);
+  }
 }
 
 // y[m * ystride + i] (i < V::LANES) for the group's rows half * LANES + i and every activation row m.
 template <class V, int64_t T>
 void legacy_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, float* y, int64_t ystride) {
-  using F = typename V::F;
-  constexpr bool MIN = T == Q4_1 || T == Q5_1;
-  for (int64_t m = 0; m < x.M; m++) {
-    F q[4], off = V::fzero();
-    if constexpr (V::LANES == 16) {
-      legacy_x16_lanes<V, T, 0, 4>(g, first, half, x, m, q, &off);
-    } else {  // AVX2: lanes {0, 1, 4, 5}, then {2, 3, 6, 7}
-      legacy_x16_lanes<V, T, 0, 2>(g, first, half, x, m, q, &off);
-      legacy_x16_lanes<V, T, 2, 2>(g, first, half, x, m, q + 2, nullptr);
-    }
-    F v = V::fadd(V::fadd(q[0], q[2]), V::fadd(q[1], q[3]));  // hsum's last two steps
-    if constexpr (MIN) v = V::fadd(v, off);
-    V::store(y + m * ystride, v);
+  constexpr int TILE = V::LANES == 16 ? LEGACY_X16_TILE : 2;
+  int64_t m = 0;
+  for (; m + TILE <= x.M; m += TILE) legacy_x16_tile<V, T, TILE>(g, first, half, x, m, y, ystride);
+  if (TILE == 4 && m + 2 <= x.M) {
+    legacy_x16_tile<V, T, TILE == 4 ? 2 : 1>(g, first, half, x, m, y, ystride);
+    m += 2;
   }
+  for (; m < x.M; m++) legacy_x16_tile<V, T, 1>(g, first, half, x, m, y, ystride);
 }
 
 }  // namespace offspec
