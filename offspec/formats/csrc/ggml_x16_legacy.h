@@ -17,6 +17,9 @@
 namespace offspec {
 
 constexpr int LEGACY_X16_TILE = 4;  // AVX-512: activation rows per pass over a group's blocks (4, 2 or 1)
+// Passes of fewer activation rows take them one at a time: the 0.5B draft's matrices at 2 rows (a draft's catch-up
+// after a pass) ran 0.87-0.91x as fast in 2-row tiles on AVX2, and no faster on AVX-512; from 4 rows tiles gain.
+constexpr int LEGACY_X16_TILED_FROM = 4;
 
 // Inlined wherever used: a chunk's registers passed by reference, or accumulators captured by one, go through memory
 // where gcc outlines the function (it did, by the instantiations around it: 0.6x).
@@ -107,7 +110,7 @@ void legacy_x16_lanes(const uint8_t* g, int64_t first, int64_t half, const XSet&
     }
   // block xb into the accumulators of parity PAR (a constant, so that they stay in registers)
   auto block = [&](int64_t xb, auto PAR) OFFSPEC_X16_INLINE {
-    constexpr int par = decltype(PAR)::value;
+    const int par = PAR;  // its accumulators (the row-major kernels' even / odd)
     constexpr LegacyX16Layout L = legacy_x16_layout(T);  // not the enclosing one: gcc 12 cannot capture it
     const bool odd = (first + xb) % 2;  // the layout of this block (ggml_x16.h)
     const uint8_t* b = g + xb * L.group_bytes;
@@ -142,11 +145,15 @@ void legacy_x16_lanes(const uint8_t* g, int64_t first, int64_t half, const XSet&
   };
   const int64_t n = x.K / 32;  // blocks: even ones to the even accumulators, odd ones to the odd
   int64_t xb = 0;
-  for (; xb + 2 <= n; xb += 2) {
-    block(xb, std::integral_constant<int, 0>{});
-    block(xb + 1, std::integral_constant<int, 1>{});
+  if constexpr (V::LANES == 8 && R == 1) {  // AVX2, one row: the parity at run time (as fast, and smaller code)
+    for (; xb < n; xb++) block(xb, int(xb % 2));
+  } else {  // the parity a constant: several rows' accumulators stay in registers
+    for (; xb + 2 <= n; xb += 2) {
+      block(xb, std::integral_constant<int, 0>{});
+      block(xb + 1, std::integral_constant<int, 1>{});
+    }
+    if (xb < n) block(xb, std::integral_constant<int, 0>{});
   }
-  if (xb < n) block(xb, std::integral_constant<int, 0>{});
   for (int r = 0; r < R; r++) {
     for (int j = 0; j < NK; j++)
       q[r][k0 + j] = V::fadd(V::fadd(acc[0][j][r], acc[1][j][r]), V::fadd(acc[0][NK + j][r], acc[1][NK + j][r]));
@@ -184,10 +191,12 @@ template <class V, int64_t T>
 void legacy_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, float* y, int64_t ystride) {
   constexpr int TILE = V::LANES == 16 ? LEGACY_X16_TILE : 2;
   int64_t m = 0;
-  for (; m + TILE <= x.M; m += TILE) legacy_x16_tile<V, T, TILE>(g, first, half, x, m, y, ystride);
-  if (TILE == 4 && m + 2 <= x.M) {
-    legacy_x16_tile<V, T, TILE == 4 ? 2 : 1>(g, first, half, x, m, y, ystride);
-    m += 2;
+  if (x.M >= LEGACY_X16_TILED_FROM) {
+    for (; m + TILE <= x.M; m += TILE) legacy_x16_tile<V, T, TILE>(g, first, half, x, m, y, ystride);
+    if (TILE == 4 && m + 2 <= x.M) {
+      legacy_x16_tile<V, T, TILE == 4 ? 2 : 1>(g, first, half, x, m, y, ystride);
+      m += 2;
+    }
   }
   for (; m < x.M; m++) legacy_x16_tile<V, T, 1>(g, first, half, x, m, y, ystride);
 }
