@@ -10,7 +10,8 @@
 // same bits, with no horizontal sums and the scales of 16 rows in one conversion. One activation row's 16
 // accumulators take half of AVX-512's registers, so several rows split the lanes between passes: 4 rows take lane
 // pair {k, k + 4} per pass over the group's blocks, 2 rows lanes {0, 1, 4, 5} then {2, 3, 6, 7}, 1 row all 8; each
-// chunk is unpacked once for the rows of a pass (on the draft's Q5_0 the unpacking costs as much as the products).
+// chunk is unpacked once for the rows of a pass. That pays from 8 rows up (prefill: 1.4x at 64); at 2-4 rows the
+// float steps per lane and block bound the products either way.
 // AVX2's 16 registers hold 8 accumulators: 1 row in two passes of 4 lanes, 2 rows in four of 2.
 #pragma once
 
@@ -40,8 +41,8 @@ constexpr bool x16_offset_lanes(int64_t type) {
 // take: u = q + offset (x16_offset_lanes: Q4_0 and Q5_0 always), q (Q4_1, Q5_1: unsigned already), or signed q
 // (Q8_0, IQ4_NL without VNNI).
 template <class V, int64_t T>
-OFFSPEC_X16_INLINE inline void legacy_x16_chunk(const uint8_t* quants, const typename V::I& qh, int k, int64_t half,
-                             typename V::I& lo, typename V::I& hi) {
+OFFSPEC_X16_INLINE inline void legacy_x16_chunk(const uint8_t* quants, const typename V::I& qh, int k,
+                                                int64_t half, typename V::I& lo, typename V::I& hi) {
   using I = typename V::I;
   const int64_t at = half * 4 * V::LANES;
   if constexpr (T == Q8_0) {
@@ -85,7 +86,8 @@ OFFSPEC_X16_INLINE inline void legacy_x16_chunk(const uint8_t* quants, const typ
 
 // The exact sum of the products of one lane's 4 weights (as legacy_x16_chunk gives them) with 4 activations.
 template <class V, int64_t T>
-OFFSPEC_X16_INLINE inline typename V::I legacy_x16_isum(const typename V::I& w, const int8_t* x4, int32_t offset_term) {
+OFFSPEC_X16_INLINE inline typename V::I legacy_x16_isum(const typename V::I& w, const int8_t* x4,
+                                                         int32_t offset_term) {
   if constexpr (x16_offset_lanes(T)) return V::dpbusd(V::set32(offset_term), w, V::bcast4(x4));
   else if constexpr (T == Q4_1 || T == Q5_1) return V::dpbusd(V::zero(), w, V::bcast4(x4));
   else return V::dot_signed(w, V::bcast4(x4));
