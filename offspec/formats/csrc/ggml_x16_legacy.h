@@ -195,9 +195,11 @@ void legacy_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, fl
   int64_t m = 0;
   if (x.M >= LEGACY_X16_TILED_FROM) {
     for (; m + TILE <= x.M; m += TILE) legacy_x16_tile<V, T, TILE>(g, first, half, x, m, y, ystride);
-    if (TILE == 4 && m + 2 <= x.M) {
-      legacy_x16_tile<V, T, TILE == 4 ? 2 : 1>(g, first, half, x, m, y, ystride);
-      m += 2;
+    if constexpr (TILE == 4) {  // 2 or 3 rows left: 2 of them in one pass
+      if (m + 2 <= x.M) {
+        legacy_x16_tile<V, T, 2>(g, first, half, x, m, y, ystride);
+        m += 2;
+      }
     }
   }
   for (; m < x.M; m++) legacy_x16_tile<V, T, 1>(g, first, half, x, m, y, ystride);
