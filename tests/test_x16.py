@@ -131,3 +131,32 @@ def test_the_layout_variable_keeps_rows_or_is_refused(ext, monkeypatch):
     monkeypatch.setenv(kernels.LAYOUT_VARIABLE, "columns")
     with pytest.raises(OffspecError, match="OFFSPEC_CPU_LAYOUT=columns: use rows"):
         kernels.interleave(module)
+
+
+@pytest.mark.parametrize("names, cols", [
+    (("Q4_K", "Q4_K", "Q6_K"), 512),  # the 1.5B target's q, k, v: one quantization of the input for all three
+    (("Q5_0", "Q5_0"), 96),  # the 0.5B draft's gate and up
+    (("Q5_0", "Q5_0", "Q8_0"), 96),  # a draft layer's q, k, v: Q8_0's lanes take another offset, one qgemm each
+    (("Q4_K", "Q5_0"), 512),  # activation blocks of 256 and of 32
+])
+def test_products_of_one_input_by_several_weights_are_each_weights_bits(ext, names, cols):
+    """qgemm_many (a layer's q/k/v and gate/up) gives each weight qgemm's bits, whether the weights share the
+    quantized input and one fork (the same activation format) or not, at every number of activation rows; weights
+    of whole groups, one group and none, and rows past the last group."""
+    rng = np.random.default_rng(len(names) * cols)
+    rows = (37, 16, 5, 48)[:len(names)]
+    weights, types, plain = [], [], []
+    for name, n in zip(names, rows):
+        raw = torch.from_numpy(random_blocks(rng, name, n, cols))  # (n, row_bytes) uint8
+        tid = ggml_type(name).id
+        weights.append(ext.interleave(raw, tid, cols, True))
+        types.append(tid + kernels.X16_TYPES)
+        plain.append((raw, tid))
+    x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)  # (9, cols)
+    for m in (1, 2, 4, 5, 9):
+        got = ext.qgemm_many(x[:m].clone(), weights, types, cols)
+        assert len(got) == len(names)
+        for y, (raw, tid), n in zip(got, plain, rows):
+            want = ext.qgemm(x[:m].clone(), raw, tid, cols)  # (m, n)
+            assert y.shape == (m, n) and torch.equal(y.view(torch.int32), want.view(torch.int32)), (m, n)
+    assert [y.shape for y in ext.qgemm_many(x[:0].clone(), weights, types, cols)] == [(0, n) for n in rows]

@@ -2,6 +2,7 @@
 // torch.utils.cpp_extension). The weights stay in the file's own blocks: nothing is dequantized in memory.
 //
 //   qgemm(x, w, type, K)   y (M, N) = x (M, K) @ W^T, W given as N rows of blocks
+//   qgemm_many(x, ws, types, K)  qgemm by several weights of one input (q, k, v; gate, up), quantized once
 //   dequantize(w, type, K)  the exact float32 values of rows of blocks (gguf's reference arithmetic)
 //   attend(q, k, v, visible, scale, softcap)  attention per query over its visible keys only (attention.h)
 //   decoder_layer(...)      a whole decoder layer in one call: llama, qwen2/3, gemma2/3, phi3 (layer.h)
@@ -20,6 +21,7 @@
 #include "ggml_amx.h"
 #endif
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,63 @@ constexpr int64_t GRAIN = 16;  // weight rows per task: amortises the fork for s
 // costs about twice Q4_K's, so its tiles pay from 8 rows (the LM head, 151936 x 1536: 6 rows 14.6 / 19.6, 7: 15.7 /
 // 19.7, 8: 19.1 / 19.7), or from 6 where kwtile's activation rows (M x K int8) spill out of L1 (ffn_down, K = 8960).
 inline int64_t amx_min_rows(int64_t type, int64_t K) { return type == Q6_K && K <= 4096 ? 8 : 6; }
+#endif
+
+#ifdef OFFSPEC_AVX2
+// The activation rows of interleaved products quantized as their base type's kernels take them (qgemm quantizes
+// them per call; qgemm_many once for several weights of one `x16_input_key`). `sums16`: their sums per 16 too (Q6_K).
+struct X16Input {
+  std::vector<int8_t> xq;        // (M, K) activations in 8 bits
+  std::vector<float> xd;         // (M, K/ab) their scales
+  std::vector<int32_t> xs_sum;   // (M, K/32) their sums per 32
+  std::vector<int32_t> xo;       // (M, K/4) their lanes' offset terms, for the types that take them
+  std::vector<int32_t> s16;      // (M, K/16) their sums per 16, or empty
+  XSet xs;
+  X16Input(const float* xp, int64_t M, int64_t K, int64_t base, bool sums16) {
+    const int64_t ab = activation_block(base);
+    TORCH_CHECK(K % ab == 0, "offspec: K=", K, " is not a multiple of ", ab);
+    const int64_t nb = K / QB, nd = K / ab;
+    xq.resize(M * K);
+    xd.resize(M * nd);
+    xs_sum.resize(M * nb);
+    xo.resize(x16_offset_lanes(base) ? M * (K / 4) : 0);
+    at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; m++) {
+        quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
+        if (!xo.empty()) offset_lanes(&xq[m * K], K, legacy_offset(base), &xo[m * (K / 4)]);
+      }
+    });
+    xs = XSet{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
+    if (!xo.empty()) xs.o = xo.data();
+    if (sums16) {
+      s16.resize(M * (K / 16));
+      for (int64_t i = 0; i < (int64_t)s16.size(); i++) {
+        int32_t sum = 0;
+        for (int l = 0; l < 16; l++) sum += xq[i * 16 + l];
+        s16[i] = sum;
+      }
+      xs.s16 = s16.data();
+    }
+  }
+};
+
+// Weights whose activations are quantized alike (the same activation block and lane offset) can share them.
+inline int64_t x16_input_key(int64_t base) {
+  return activation_block(base) * 1000 + (x16_offset_lanes(base) ? legacy_offset(base) : 999);
+}
+
+// y[m * ystride + n] for the rows of groups [g0, g1) of an interleaved weight (rows of rb bytes at w).
+inline void x16_product(int64_t type, const uint8_t* w, int64_t rb, const XSet& xs, float* y, int64_t ystride,
+                        int64_t g0, int64_t g1) {
+  if (g1 > g0) x16_rows(type, w + g0 * X16_ROWS * rb, rb, g0, g1 - g0, xs, y + g0 * X16_ROWS, ystride);
+}
+
+// The rows past an interleaved weight's last whole group keep the row-major layout and kernels.
+inline void x16_tail(int64_t type, const uint8_t* w, int64_t rb, int64_t N, const XSet& xs, float* y,
+                     int64_t ystride) {
+  const int64_t tail = N / X16_ROWS * X16_ROWS;
+  if (tail < N) dot_rows(type - X16_TYPES, w + tail * rb, rb, N - tail, xs, y + tail, ystride);
+}
 #endif
 
 }  // namespace
@@ -76,44 +135,32 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
     return y;
   }
 
-  const int64_t base = x16 ? type - X16_TYPES : type;
-  const int64_t ab = activation_block(base);
+#ifdef OFFSPEC_AVX2
+  if (x16) {
+    const X16Input in(xp, M, K, type - X16_TYPES, type == Q6_K_X16);
+    at::parallel_for(0, N / X16_ROWS, 1, [&](int64_t g0, int64_t g1) {
+      x16_product(type, wp, rb, in.xs, yp, N, g0, g1);
+    });
+    x16_tail(type, wp, rb, N, in.xs, yp, N);
+    return y;
+  }
+#endif
+  const int64_t ab = activation_block(type);
   TORCH_CHECK(K % ab == 0, "offspec: K=", K, " is not a multiple of ", ab);
   const int64_t nb = K / QB, nd = K / ab;
   std::vector<int8_t> xq(M * K);        // (M, K) activations in 8 bits
   std::vector<float> xd(M * nd);        // (M, K/ab) their scales
   std::vector<int32_t> xs_sum(M * nb);  // (M, K/32) their sums per 32
-  bool lanes = needs_offset_lanes(type);
-#ifdef OFFSPEC_AVX2
-  if (x16) lanes = x16_offset_lanes(base);
-#endif
+  const bool lanes = needs_offset_lanes(type);
   std::vector<int32_t> xo(lanes ? M * (K / 4) : 0);  // (M, K/4) their lanes' offset terms
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
       quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
-      if (!xo.empty()) offset_lanes(&xq[m * K], K, legacy_offset(base), &xo[m * (K / 4)]);
+      if (!xo.empty()) offset_lanes(&xq[m * K], K, legacy_offset(type), &xo[m * (K / 4)]);
     }
   });
   XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
   if (!xo.empty()) xs.o = xo.data();
-#ifdef OFFSPEC_AVX2
-  if (x16) {
-    std::vector<int32_t> s16(type == Q6_K_X16 ? M * (K / 16) : 0);  // (M, K/16) the activations' sums per 16
-    for (int64_t i = 0; i < (int64_t)s16.size(); i++) {
-      int32_t sum = 0;
-      for (int l = 0; l < 16; l++) sum += xq[i * 16 + l];
-      s16[i] = sum;
-    }
-    xs.s16 = s16.data();
-    const int64_t groups = N / X16_ROWS;
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-      x16_rows(type, wp + g0 * X16_ROWS * rb, rb, g0, g1 - g0, xs, yp + g0 * X16_ROWS, N);
-    });
-    const int64_t tail = groups * X16_ROWS;  // the rows past the last whole group: row-major
-    if (tail < N) dot_rows(base, wp + tail * rb, rb, N - tail, xs, yp + tail, N);
-    return y;
-  }
-#endif
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
 #ifdef OFFSPEC_AMX
   if ((type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS) && M >= amx_min_rows(type, K) &&
@@ -124,6 +171,52 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
     dot_rows(type, wp + n0 * rb, rb, n1 - n0, xs, yp + n0, N);
   });
   return y;
+}
+
+// y_i = x @ W_i^T for several weights of the same input (a layer's q, k, v; its gate and up): where they are all
+// interleaved with one `x16_input_key`, the activations are quantized once and one fork computes every weight's
+// groups (one range over all of them); otherwise one qgemm each. The same bits as qgemm per weight either way.
+std::vector<torch::Tensor> qgemm_many(torch::Tensor x, std::vector<torch::Tensor> ws, std::vector<int64_t> types,
+                                      int64_t K) {
+  TORCH_CHECK(ws.size() == types.size() && !ws.empty(), "offspec: qgemm_many takes one type per weight");
+  bool shared = ws.size() > 1 && x.dim() == 2 && x.size(0) > 0;
+#ifdef OFFSPEC_AVX2
+  for (int64_t t : types) shared = shared && is_x16(t) && x16_input_key(t - X16_TYPES) == x16_input_key(types[0] - X16_TYPES);
+#else
+  shared = false;
+#endif
+  std::vector<torch::Tensor> ys;
+  if (!shared) {
+    for (size_t i = 0; i < ws.size(); i++) ys.push_back(qgemm(x, ws[i], types[i], K));
+    return ys;
+  }
+#ifdef OFFSPEC_AVX2
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.size(1) == K,
+              "offspec: activations must be a (M, K) float32 CPU tensor");
+  x = x.contiguous();
+  const int64_t M = x.size(0), n = ws.size();
+  bool sums16 = false;
+  std::vector<int64_t> first(n + 1, 0);  // weight i's groups are [first[i], first[i + 1]) of the one range
+  for (int64_t i = 0; i < n; i++) {
+    check_weight(ws[i], types[i] - X16_TYPES, K);
+    sums16 = sums16 || types[i] == Q6_K_X16;
+    first[i + 1] = first[i] + ws[i].size(0) / X16_ROWS;
+    ys.push_back(torch::empty({M, ws[i].size(0)}, x.options()));  // (M, N_i) float32
+  }
+  const X16Input in(x.data_ptr<float>(), M, K, types[0] - X16_TYPES, sums16);
+  at::parallel_for(0, first[n], 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t a = std::max(g0, first[i]), b = std::min(g1, first[i + 1]);
+      if (a < b)
+        x16_product(types[i], ws[i].data_ptr<uint8_t>(), ws[i].size(1), in.xs, ys[i].data_ptr<float>(),
+                    ws[i].size(0), a - first[i], b - first[i]);
+    }
+  });
+  for (int64_t i = 0; i < n; i++)
+    x16_tail(types[i], ws[i].data_ptr<uint8_t>(), ws[i].size(1), ws[i].size(0), in.xs, ys[i].data_ptr<float>(),
+             ws[i].size(0));
+#endif
+  return ys;
 }
 
 #include "layer.h"  // decoder_layer: one decoder layer per call (llama, qwen, gemma, phi3 families), on qgemm
@@ -204,6 +297,8 @@ std::string isa() {  // the instruction set the kernels were built for (and use:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qgemm", &qgemm, "y = x @ W^T with W in ggml blocks (row invariant)");
+  m.def("qgemm_many", &qgemm_many, "qgemm of one input by several weights, the activations quantized once where "
+        "they can be");
   m.def("dequantize", &dequantize, "exact float32 rows of ggml blocks");
   m.def("attend", &attend_exact, "attention per query over its visible keys only, logits soft-capped where softcap > 0 "
         "(row invariant)");

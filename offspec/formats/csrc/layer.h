@@ -22,6 +22,8 @@
 #include <vector>
 
 torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);  // ggml_cpu.cpp
+std::vector<torch::Tensor> qgemm_many(torch::Tensor x, std::vector<torch::Tensor> ws, std::vector<int64_t> types,
+                                      int64_t K);  // ggml_cpu.cpp
 
 namespace offspec {
 namespace layer {
@@ -80,6 +82,19 @@ inline torch::Tensor project(const torch::Tensor& x, const std::optional<torch::
   return ::qgemm(x, *w, type, x.size(1));
 }
 
+// The projections of one input by several weights (q, k, v; gate, up): its activations quantized once where the
+// weights' kernels take them alike, and one fork for all (qgemm_many)
+inline std::vector<torch::Tensor> project_many(const torch::Tensor& x,
+                                               std::initializer_list<const std::optional<torch::Tensor>*> ws,
+                                               std::initializer_list<int64_t> types) {
+  std::vector<torch::Tensor> w;
+  for (const auto* p : ws) {
+    TORCH_CHECK(p->has_value(), "offspec: a projection weight is missing");
+    w.push_back(**p);
+  }
+  return ::qgemm_many(x, w, std::vector<int64_t>(types), x.size(1));
+}
+
 }  // namespace layer
 
 enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
@@ -127,9 +142,10 @@ inline torch::Tensor decoder_layer(torch::Tensor h, std::vector<std::optional<to
     k = qkv.slice(1, H * D, (H + Hkv) * D).contiguous();
     v = qkv.slice(1, (H + Hkv) * D, (H + 2 * Hkv) * D).contiguous();
   } else {
-    q = layer::project(x, weights[0], types[0]);  // (M, H * D)
-    k = layer::project(x, weights[1], types[1]);  // (M, Hkv * D)
-    v = layer::project(x, weights[2], types[2]);  // (M, Hkv * D)
+    auto qkv = layer::project_many(x, {&weights[0], &weights[1], &weights[2]}, {types[0], types[1], types[2]});
+    q = qkv[0];  // (M, H * D)
+    k = qkv[1];  // (M, Hkv * D)
+    v = qkv[2];  // (M, Hkv * D)
   }
   layer::add_bias(q, biases[0]);
   layer::add_bias(k, biases[1]);
@@ -166,8 +182,9 @@ inline torch::Tensor decoder_layer(torch::Tensor h, std::vector<std::optional<to
     g = gu.slice(1, 0, I).contiguous();
     u = gu.slice(1, I, 2 * I);
   } else {
-    g = layer::project(x, weights[4], types[4]);  // (M, I)
-    u = layer::project(x, weights[5], types[5]);  // (M, I)
+    auto gu = layer::project_many(x, {&weights[4], &weights[5]}, {types[4], types[5]});
+    g = gu[0];  // (M, I)
+    u = gu[1];  // (M, I)
   }
   // torch's vectorized elementwise kernels, as transformers' MLP runs them (a scalar std::exp per value cost a
   // 150-token prefill half a second): each value is computed from itself alone, so rows stay independent
