@@ -51,7 +51,7 @@ inline int64_t amx_min_rows(int64_t type, int64_t K) { return type == Q6_K && K 
 
 #ifdef OFFSPEC_AVX2
 // The activation rows of interleaved products quantized as their base type's kernels take them (qgemm quantizes
-// them per call; qgemm_many once for several weights of one `x16_input_key`). `sums16`: their sums per 16 too (Q6_K).
+// them per call; qgemm_many once for several weights where `same_x16_input`). `sums16`: their sums per 16 too (Q6_K).
 struct X16Input {
   std::vector<int8_t> xq;        // (M, K) activations in 8 bits
   std::vector<float> xd;         // (M, K/ab) their scales
@@ -87,9 +87,11 @@ struct X16Input {
   }
 };
 
-// Weights whose activations are quantized alike (the same activation block and lane offset) can share them.
-inline int64_t x16_input_key(int64_t base) {
-  return activation_block(base) * 1000 + (x16_offset_lanes(base) ? legacy_offset(base) : 999);
+// Do the interleaved kernels of base types a and b take their activations quantized alike (the same activation
+// block, and the same lane offsets or none), so that their products can share them?
+inline bool same_x16_input(int64_t a, int64_t b) {
+  return activation_block(a) == activation_block(b) && x16_offset_lanes(a) == x16_offset_lanes(b) &&
+         (!x16_offset_lanes(a) || legacy_offset(a) == legacy_offset(b));
 }
 
 // y[m * ystride + n] for the rows of groups [g0, g1) of an interleaved weight (rows of rb bytes at w).
@@ -174,14 +176,14 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
 }
 
 // y_i = x @ W_i^T for several weights of the same input (a layer's q, k, v; its gate and up): where they are all
-// interleaved with one `x16_input_key`, the activations are quantized once and one fork computes every weight's
+// interleaved and `same_x16_input`, the activations are quantized once and one fork computes every weight's
 // groups (one range over all of them); otherwise one qgemm each. The same bits as qgemm per weight either way.
 std::vector<torch::Tensor> qgemm_many(torch::Tensor x, std::vector<torch::Tensor> ws, std::vector<int64_t> types,
                                       int64_t K) {
   TORCH_CHECK(ws.size() == types.size() && !ws.empty(), "offspec: qgemm_many takes one type per weight");
   bool shared = ws.size() > 1 && x.dim() == 2 && x.size(0) > 0;
 #ifdef OFFSPEC_AVX2
-  for (int64_t t : types) shared = shared && is_x16(t) && x16_input_key(t - X16_TYPES) == x16_input_key(types[0] - X16_TYPES);
+  for (int64_t t : types) shared = shared && is_x16(t) && same_x16_input(t - X16_TYPES, types[0] - X16_TYPES);
 #else
   shared = false;
 #endif
