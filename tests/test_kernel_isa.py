@@ -90,6 +90,9 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
         for m in (1, 3, 4, 9):
             got = ext.qgemm(x[:m].clone(), mixed, tid + kernels.X16_TYPES, cols)
             assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), (ext.isa(), m)
+        # a layer's products of one input (q/k/v, gate/up) share its quantization: the same bits, every weight
+        first, second = ext.qgemm_many(x[:4].clone(), [mixed, mixed[:16].clone()], [tid + kernels.X16_TYPES] * 2, cols)
+        assert torch.equal(first, want[:4]) and torch.equal(second, want[:4, :16]), ext.isa()
 
 
 @pytest.fixture()
