@@ -94,17 +94,34 @@ inline bool same_x16_input(int64_t a, int64_t b) {
          (!x16_offset_lanes(a) || legacy_offset(a) == legacy_offset(b));
 }
 
-// y[m * ystride + n] for the rows of groups [g0, g1) of an interleaved weight (rows of rb bytes at w).
-inline void x16_product(int64_t type, const uint8_t* w, int64_t rb, const XSet& xs, float* y, int64_t ystride,
-                        int64_t g0, int64_t g1) {
-  if (g1 > g0) x16_rows(type, w + g0 * X16_ROWS * rb, rb, g0, g1 - g0, xs, y + g0 * X16_ROWS, ystride);
-}
-
-// The rows past an interleaved weight's last whole group keep the row-major layout and kernels.
-inline void x16_tail(int64_t type, const uint8_t* w, int64_t rb, int64_t N, const XSet& xs, float* y,
-                     int64_t ystride) {
-  const int64_t tail = N / X16_ROWS * X16_ROWS;
-  if (tail < N) dot_rows(type - X16_TYPES, w + tail * rb, rb, N - tail, xs, y + tail, ystride);
+// ys[i] (M, N_i) = x @ W_i^T for interleaved weights ws (types[i]) that all take the same quantized input
+// (`same_x16_input`): the input quantized once, one fork over all of the weights' 16-row groups as one range, then the
+// rows past each weight's last group (row-major layout and kernels).
+void x16_gemm(const float* xp, int64_t M, int64_t K, const std::vector<torch::Tensor>& ws,
+              const std::vector<int64_t>& types, const std::vector<torch::Tensor>& ys) {
+  const int64_t n = ws.size();
+  std::vector<int64_t> first(n + 1, 0);  // weight i's groups are [first[i], first[i + 1]) of the one range
+  bool sums16 = false;
+  for (int64_t i = 0; i < n; i++) {
+    first[i + 1] = first[i] + ws[i].size(0) / X16_ROWS;
+    sums16 = sums16 || types[i] == Q6_K_X16;
+  }
+  const X16Input in(xp, M, K, types[0] - X16_TYPES, sums16);
+  at::parallel_for(0, first[n], 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t i = 0; i < n; i++) {  // weight i's groups [a, b) of this task's share, counted within the weight
+      const int64_t a = std::max(g0, first[i]) - first[i], b = std::min(g1, first[i + 1]) - first[i];
+      const int64_t rb = ws[i].size(1);
+      if (a < b)
+        x16_rows(types[i], ws[i].data_ptr<uint8_t>() + a * X16_ROWS * rb, rb, a, b - a, in.xs,
+                 ys[i].data_ptr<float>() + a * X16_ROWS, ws[i].size(0));
+    }
+  });
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t N = ws[i].size(0), rb = ws[i].size(1), tail = N / X16_ROWS * X16_ROWS;
+    if (tail < N)
+      dot_rows(types[i] - X16_TYPES, ws[i].data_ptr<uint8_t>() + tail * rb, rb, N - tail, in.xs,
+               ys[i].data_ptr<float>() + tail, N);
+  }
 }
 #endif
 
@@ -139,11 +156,7 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
 
 #ifdef OFFSPEC_AVX2
   if (x16) {
-    const X16Input in(xp, M, K, type - X16_TYPES, type == Q6_K_X16);
-    at::parallel_for(0, N / X16_ROWS, 1, [&](int64_t g0, int64_t g1) {
-      x16_product(type, wp, rb, in.xs, yp, N, g0, g1);
-    });
-    x16_tail(type, wp, rb, N, in.xs, yp, N);
+    x16_gemm(xp, M, K, {w}, {type}, {y});
     return y;
   }
 #endif
@@ -196,27 +209,11 @@ std::vector<torch::Tensor> qgemm_many(torch::Tensor x, std::vector<torch::Tensor
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.size(1) == K,
               "offspec: activations must be a (M, K) float32 CPU tensor");
   x = x.contiguous();
-  const int64_t M = x.size(0), n = ws.size();
-  bool sums16 = false;
-  std::vector<int64_t> first(n + 1, 0);  // weight i's groups are [first[i], first[i + 1]) of the one range
-  for (int64_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < ws.size(); i++) {
     check_weight(ws[i], types[i] - X16_TYPES, K);
-    sums16 = sums16 || types[i] == Q6_K_X16;
-    first[i + 1] = first[i] + ws[i].size(0) / X16_ROWS;
-    ys.push_back(torch::empty({M, ws[i].size(0)}, x.options()));  // (M, N_i) float32
+    ys.push_back(torch::empty({x.size(0), ws[i].size(0)}, x.options()));  // (M, N_i) float32
   }
-  const X16Input in(x.data_ptr<float>(), M, K, types[0] - X16_TYPES, sums16);
-  at::parallel_for(0, first[n], 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t a = std::max(g0, first[i]), b = std::min(g1, first[i + 1]);
-      if (a < b)
-        x16_product(types[i], ws[i].data_ptr<uint8_t>(), ws[i].size(1), in.xs, ys[i].data_ptr<float>(),
-                    ws[i].size(0), a - first[i], b - first[i]);
-    }
-  });
-  for (int64_t i = 0; i < n; i++)
-    x16_tail(types[i], ws[i].data_ptr<uint8_t>(), ws[i].size(1), ws[i].size(0), in.xs, ys[i].data_ptr<float>(),
-             ws[i].size(0));
+  x16_gemm(x.data_ptr<float>(), x.size(0), K, ws, types, ys);
 #endif
   return ys;
 }

@@ -82,17 +82,19 @@ inline torch::Tensor project(const torch::Tensor& x, const std::optional<torch::
   return ::qgemm(x, *w, type, x.size(1));
 }
 
-// The projections of one input by several weights (q, k, v; gate, up): its activations quantized once where the
-// weights' kernels take them alike, and one fork for all (qgemm_many)
+// The projections of one input by the weights `which` of a layer's (q, k, v; gate, up): its activations quantized
+// once where the weights' kernels take them alike, and one fork for all (qgemm_many)
 inline std::vector<torch::Tensor> project_many(const torch::Tensor& x,
-                                               std::initializer_list<const std::optional<torch::Tensor>*> ws,
-                                               std::initializer_list<int64_t> types) {
-  std::vector<torch::Tensor> w;
-  for (const auto* p : ws) {
-    TORCH_CHECK(p->has_value(), "offspec: a projection weight is missing");
-    w.push_back(**p);
+                                               const std::vector<std::optional<torch::Tensor>>& weights,
+                                               const std::vector<int64_t>& types, std::initializer_list<int> which) {
+  std::vector<torch::Tensor> ws;
+  std::vector<int64_t> ts;
+  for (int i : which) {
+    TORCH_CHECK(weights[i].has_value(), "offspec: a projection weight is missing");
+    ws.push_back(*weights[i]);
+    ts.push_back(types[i]);
   }
-  return ::qgemm_many(x, w, std::vector<int64_t>(types), x.size(1));
+  return ::qgemm_many(x, ws, ts, x.size(1));
 }
 
 }  // namespace layer
@@ -142,7 +144,7 @@ inline torch::Tensor decoder_layer(torch::Tensor h, std::vector<std::optional<to
     k = qkv.slice(1, H * D, (H + Hkv) * D).contiguous();
     v = qkv.slice(1, (H + Hkv) * D, (H + 2 * Hkv) * D).contiguous();
   } else {
-    auto qkv = layer::project_many(x, {&weights[0], &weights[1], &weights[2]}, {types[0], types[1], types[2]});
+    auto qkv = layer::project_many(x, weights, types, {0, 1, 2});
     q = qkv[0];  // (M, H * D)
     k = qkv[1];  // (M, Hkv * D)
     v = qkv[2];  // (M, Hkv * D)
@@ -182,7 +184,7 @@ inline torch::Tensor decoder_layer(torch::Tensor h, std::vector<std::optional<to
     g = gu.slice(1, 0, I).contiguous();
     u = gu.slice(1, I, 2 * I);
   } else {
-    auto gu = layer::project_many(x, {&weights[4], &weights[5]}, {types[4], types[5]});
+    auto gu = layer::project_many(x, weights, types, {4, 5});
     g = gu[0];  // (M, I)
     u = gu[1];  // (M, I)
   }
