@@ -95,6 +95,19 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
         assert torch.equal(first, want[:4]) and torch.equal(second, want[:4, :16]), ext.isa()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("H,Hkv,D", [(12, 2, 128), (9, 3, 64), (4, 1, 256), (6, 1, 72)])
+def test_exact_attention_computes_the_same_bits_in_every_build(two_builds, H, Hkv, D):
+    """AVX-512 runs the value sums 64 elements at a time (AVX2 16, the rest one by one): the same fma chains."""
+    wide, avx2 = two_builds
+    g = torch.Generator().manual_seed(H * D)
+    q, k, v = (torch.randn(1, n, m, D, generator=g) for n, m in ((H, 6), (Hkv, 50), (Hkv, 50)))
+    visible = torch.rand(6, 50, generator=g) < 0.7  # (Q, L) bool
+    for softcap in (0.0, 50.0):
+        got, want = wide.attend(q, k, v, visible, D ** -0.5, softcap), avx2.attend(q, k, v, visible, D ** -0.5, softcap)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 @pytest.fixture()
 def amx():
     """The kernels in use, with the AMX tiles on; skipped (with the reason) where the build or the CPU has none."""

@@ -3,16 +3,155 @@
 // prefix and its ancestors; the target alone attends to the same prefix and the same tokens, committed. With
 // the same keys in the same order, the same operations give the same bits: verification and decoding without
 // a draft agree exactly (as the row-invariant linear kernels do for the rest of the layer).
+//
+// Per query head the operations are fixed: each visible key's score dot_f32(q, k) * scale (then soft-capped), the
+// largest of them, p = exp(score - largest) and their double sum in slot order, and each output element's fma
+// chain acc = fma(p, v, acc) over the keys in slot order, times 1 / sum. What may vary is only how the work is laid
+// out, never the value of an operation: the query heads that share a key head (grouped-query attention) run
+// together, so that each visible key and value row is read once for all of them and the visible keys are listed
+// once, and the output elements' chains run in registers, a chunk of elements at a time over all the keys.
 #pragma once
 
 #include "ggml_dot.h"
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 namespace offspec {
+
+constexpr int ATTEND_HEADS = 4;  // query heads of one key head that run together (more: fewer tasks to share out)
+
+// s[g] = dot_f32(q[g], k, D) for G heads against one key row, read once: each head's sum in dot_f32's own order
+// (four 8-lane accumulators over steps of 32, then hsum of (a0 + a1) + (a2 + a3)), so the same bits. D % 32 == 0.
+template <int G>
+inline void attend_dots(const float* const* q, const float* k, int64_t D, float* s) {
+#ifdef OFFSPEC_AVX2
+  __m256 a[G][4];
+  for (int g = 0; g < G; g++) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 32) {
+    for (int j = 0; j < 4; j++) {
+      const __m256 kv = _mm256_loadu_ps(k + d + 8 * j);
+      for (int g = 0; g < G; g++) a[g][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + d + 8 * j), kv, a[g][j]);
+    }
+  }
+  for (int g = 0; g < G; g++) s[g] = hsum(_mm256_add_ps(_mm256_add_ps(a[g][0], a[g][1]), _mm256_add_ps(a[g][2], a[g][3])));
+#else
+  for (int g = 0; g < G; g++) s[g] = dot_f32(q[g], k, D);
+#endif
+}
+
+// o[g][0 .. D) = (sum over c < n, in order, of fma(p[g][c], vh[slot[c] * D + d], .)) * inv[g] for G heads. Each
+// element's chain is the same whatever G or the chunking: a chunk of elements of the G heads stays in registers
+// over all the keys (AVX-512: 64 elements, 4G + 4 of its 32 registers; AVX2: 16, 2G + 2 of 16).
+template <int G>
+inline void attend_values(const float* const* p, const int64_t* slot, int64_t n, const float* vh, int64_t D,
+                          const float* inv, float* const* o) {
+  int64_t d0 = 0;
+#ifdef OFFSPEC_AVX512
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m512 a[G][4];
+    for (int g = 0; g < G; g++) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n; c++) {
+      const float* vr = vh + slot[c] * D + d0;
+      const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
+                   v3 = _mm512_loadu_ps(vr + 48);
+      for (int g = 0; g < G; g++) {
+        const __m512 pc = _mm512_set1_ps(p[g][c]);
+        a[g][0] = _mm512_fmadd_ps(pc, v0, a[g][0]);
+        a[g][1] = _mm512_fmadd_ps(pc, v1, a[g][1]);
+        a[g][2] = _mm512_fmadd_ps(pc, v2, a[g][2]);
+        a[g][3] = _mm512_fmadd_ps(pc, v3, a[g][3]);
+      }
+    }
+    for (int g = 0; g < G; g++) {
+      const __m512 s = _mm512_set1_ps(inv[g]);
+      for (int j = 0; j < 4; j++) _mm512_storeu_ps(o[g] + d0 + 16 * j, _mm512_mul_ps(a[g][j], s));
+    }
+  }
+#endif
+#ifdef OFFSPEC_AVX2
+  for (; d0 + 16 <= D; d0 += 16) {
+    __m256 a[G][2];
+    for (int g = 0; g < G; g++) a[g][0] = a[g][1] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < n; c++) {
+      const float* vr = vh + slot[c] * D + d0;
+      const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
+      for (int g = 0; g < G; g++) {
+        const __m256 pc = _mm256_set1_ps(p[g][c]);
+        a[g][0] = _mm256_fmadd_ps(pc, v0, a[g][0]);
+        a[g][1] = _mm256_fmadd_ps(pc, v1, a[g][1]);
+      }
+    }
+    for (int g = 0; g < G; g++) {
+      const __m256 s = _mm256_set1_ps(inv[g]);
+      _mm256_storeu_ps(o[g] + d0, _mm256_mul_ps(a[g][0], s));
+      _mm256_storeu_ps(o[g] + d0 + 8, _mm256_mul_ps(a[g][1], s));
+    }
+  }
+#endif
+  for (; d0 < D; d0++) {  // the rest (and every element without AVX2), one element at a time: the same chain
+    for (int g = 0; g < G; g++) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < n; c++) acc = std::fma(p[g][c], vh[slot[c] * D + d0], acc);
+      o[g][d0] = acc * inv[g];
+    }
+  }
+}
+
+// The largest of x[0 .. n) (n > 0; scores are finite).
+inline float attend_max(const float* x, int64_t n) {
+  int64_t c = 0;
+  float top = x[0];
+#ifdef OFFSPEC_AVX2
+  if (n >= 8) {
+    __m256 m = _mm256_loadu_ps(x);
+    for (c = 8; c + 8 <= n; c += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + c));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    top = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+  }
+#endif
+  for (; c < n; c++) top = x[c] > top ? x[c] : top;
+  return top;
+}
+
+// One query's G heads (q[g]; out o[g]) over its n visible keys (slot), their scores and exponentials in p[g].
+template <int G>
+inline void attend_heads(const float* const* q, const int64_t* slot, int64_t n, const float* kh, const float* vh,
+                         int64_t D, float scale, float softcap, float* const* p, float* const* o) {
+  if (n == 0) {
+    for (int g = 0; g < G; g++)
+      for (int64_t d = 0; d < D; d++) o[g][d] = 0.0f;
+    return;
+  }
+  for (int64_t c = 0; c < n; c++) {  // one key row for the G heads
+    const float* kr = kh + slot[c] * D;
+    float s[G];
+    if (D % 32 == 0) attend_dots<G>(q, kr, D, s);
+    else
+      for (int g = 0; g < G; g++) s[g] = dot_f32(q[g], kr, D);
+    for (int g = 0; g < G; g++) {
+      float x = s[g] * scale;
+      if (softcap > 0.0f) x = std::tanh(x / softcap) * softcap;
+      p[g][c] = x;
+    }
+  }
+  float top[G];  // the largest score (a maximum: the same whatever the order it is taken in)
+  for (int g = 0; g < G; g++) top[g] = attend_max(p[g], n);
+  double total[G];  // each head's in slot order (the heads' chains interleaved)
+  for (int g = 0; g < G; g++) total[g] = 0.0;
+  for (int64_t c = 0; c < n; c++)
+    for (int g = 0; g < G; g++) {
+      p[g][c] = std::exp(p[g][c] - top[g]);
+      total[g] += p[g][c];
+    }
+  float inv[G];
+  for (int g = 0; g < G; g++) inv[g] = (float)(1.0 / total[g]);
+  attend_values<G>(p, slot, n, vh, D, inv, o);
+}
 
 // out (Q, H, D) = softmax(cap(scale q k^T) over visible keys) v, per query row and head; cap(s) = tanh(s / softcap)
 // * softcap where softcap > 0 (gemma2's attention logit soft-capping), else s.
@@ -22,41 +161,34 @@ inline void attend(const float* q, const float* k, const float* v, const bool* v
                    int64_t Hkv, int64_t Q, int64_t L, int64_t D, int64_t kv_head_stride, float scale,
                    float softcap = 0.0f) {
   const int64_t group = H / Hkv;
-  at::parallel_for(0, H * Q, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> score(L);  // scores of the visible keys, in slot order
-    std::vector<int64_t> slot(L);
-    std::vector<float> acc(D);
+  const int64_t batches = (group + ATTEND_HEADS - 1) / ATTEND_HEADS;  // per key head, of near-equal sizes
+  // task t: key head t / (Q * batches), query (t / batches) % Q, head batch t % batches
+  at::parallel_for(0, Hkv * Q * batches, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<int64_t> slot(L);                  // (n,) the visible keys' slots, in order
+    std::vector<float> score(ATTEND_HEADS * L);    // (G, n) scores, then their exponentials
     for (int64_t t = t0; t < t1; t++) {
-      const int64_t h = t / Q, i = t % Q;
-      const float* qi = q + (h * Q + i) * D;
-      const float* kh = k + (h / group) * kv_head_stride;
-      const float* vh = v + (h / group) * kv_head_stride;
+      const int64_t hk = t / (Q * batches), i = (t / batches) % Q, b = t % batches;
+      const int64_t h0 = hk * group + b * group / batches, G = hk * group + (b + 1) * group / batches - h0;
+      const float* kh = k + hk * kv_head_stride;
+      const float* vh = v + hk * kv_head_stride;
       const bool* vis = visible + i * L;
       int64_t n = 0;
-      float top = -INFINITY;
-      for (int64_t j = 0; j < L; j++) {
-        if (!vis[j]) continue;
-        float s = dot_f32(qi, kh + j * D, D) * scale;
-        if (softcap > 0.0f) s = std::tanh(s / softcap) * softcap;
-        score[n] = s;
-        slot[n++] = j;
-        top = s > top ? s : top;
+      for (int64_t j = 0; j < L; j++)
+        if (vis[j]) slot[n++] = j;
+      const float* qg[ATTEND_HEADS];
+      float* pg[ATTEND_HEADS];
+      float* og[ATTEND_HEADS];
+      for (int64_t g = 0; g < G; g++) {
+        qg[g] = q + ((h0 + g) * Q + i) * D;
+        pg[g] = score.data() + g * L;
+        og[g] = out + (i * H + h0 + g) * D;
       }
-      float* o = out + (i * H + h) * D;
-      if (n == 0) {
-        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-        continue;
+      switch (G) {
+        case 1: attend_heads<1>(qg, slot.data(), n, kh, vh, D, scale, softcap, pg, og); break;
+        case 2: attend_heads<2>(qg, slot.data(), n, kh, vh, D, scale, softcap, pg, og); break;
+        case 3: attend_heads<3>(qg, slot.data(), n, kh, vh, D, scale, softcap, pg, og); break;
+        default: attend_heads<4>(qg, slot.data(), n, kh, vh, D, scale, softcap, pg, og); break;
       }
-      double total = 0.0;  // in slot order
-      for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
-      for (int64_t c = 0; c < n; c++) {
-        const float p = std::exp(score[c] - top);
-        total += p;
-        const float* vr = vh + slot[c] * D;
-        for (int64_t d = 0; d < D; d++) acc[d] = std::fma(p, vr[d], acc[d]);
-      }
-      const float inv = (float)(1.0 / total);
-      for (int64_t d = 0; d < D; d++) o[d] = acc[d] * inv;
     }
   });
 }
