@@ -22,7 +22,10 @@
 
 namespace offspec {
 
-constexpr int ATTEND_HEADS = 4;  // query heads of one key head that run together (more: fewer tasks to share out)
+// The query heads of one key head that run together: each key and value row is read once for them. Up to 4 (groups
+// of 5 to 8 split in two): 8 at a time gave AVX-512 one read of a row for 6 heads, but its dots then ran slower
+// (a 2048-token prefill's attention 1.15x slower, a decoding step's from memory 1.05x faster), and fewer tasks.
+constexpr int ATTEND_HEADS = 4;
 
 // s[g] = dot_f32(q[g], k, D) for G heads against one key row, read once: each head's sum in dot_f32's own order
 // (four 8-lane accumulators over steps of 32, then hsum of (a0 + a1) + (a2 + a3)), so the same bits. D % 32 == 0.
@@ -43,34 +46,46 @@ inline void attend_dots(const float* const* q, const float* k, int64_t D, float*
 #endif
 }
 
+#ifdef OFFSPEC_AVX512
+// Elements d0 .. d0 + 16 CH of attend_values (below) for G heads, in G * CH registers over all the keys.
+template <int G, int CH>
+inline void attend_values_chunk(const float* const* p, const int64_t* slot, int64_t n, const float* vh, int64_t D,
+                                int64_t d0, const float* inv, float* const* o) {
+  __m512 a[G][CH];
+  for (int g = 0; g < G; g++)
+    for (int j = 0; j < CH; j++) a[g][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c++) {
+    const float* vr = vh + slot[c] * D + d0;
+    __m512 v[CH];
+    for (int j = 0; j < CH; j++) v[j] = _mm512_loadu_ps(vr + 16 * j);
+    for (int g = 0; g < G; g++) {
+      const __m512 pc = _mm512_set1_ps(p[g][c]);
+      for (int j = 0; j < CH; j++) a[g][j] = _mm512_fmadd_ps(pc, v[j], a[g][j]);
+    }
+  }
+  for (int g = 0; g < G; g++) {
+    const __m512 s = _mm512_set1_ps(inv[g]);
+    for (int j = 0; j < CH; j++) _mm512_storeu_ps(o[g] + d0 + 16 * j, _mm512_mul_ps(a[g][j], s));
+  }
+}
+#endif
+
 // o[g][0 .. D) = (sum over c < n, in order, of fma(p[g][c], vh[slot[c] * D + d], .)) * inv[g] for G heads. Each
 // element's chain is the same whatever G or the chunking: a chunk of elements of the G heads stays in registers
-// over all the keys (AVX-512: 64 elements, 4G + 4 of its 32 registers; AVX2: 16, 2G + 2 of 16).
+// over all the keys (AVX-512: up to 128 elements, as many as G heads' sums fit in its 32 registers; AVX2: 16,
+// 2G + 2 of its 16).
 template <int G>
 inline void attend_values(const float* const* p, const int64_t* slot, int64_t n, const float* vh, int64_t D,
                           const float* inv, float* const* o) {
   int64_t d0 = 0;
 #ifdef OFFSPEC_AVX512
-  for (; d0 + 64 <= D; d0 += 64) {
-    __m512 a[G][4];
-    for (int g = 0; g < G; g++) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < n; c++) {
-      const float* vr = vh + slot[c] * D + d0;
-      const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
-                   v3 = _mm512_loadu_ps(vr + 48);
-      for (int g = 0; g < G; g++) {
-        const __m512 pc = _mm512_set1_ps(p[g][c]);
-        a[g][0] = _mm512_fmadd_ps(pc, v0, a[g][0]);
-        a[g][1] = _mm512_fmadd_ps(pc, v1, a[g][1]);
-        a[g][2] = _mm512_fmadd_ps(pc, v2, a[g][2]);
-        a[g][3] = _mm512_fmadd_ps(pc, v3, a[g][3]);
-      }
-    }
-    for (int g = 0; g < G; g++) {
-      const __m512 s = _mm512_set1_ps(inv[g]);
-      for (int j = 0; j < 4; j++) _mm512_storeu_ps(o[g] + d0 + 16 * j, _mm512_mul_ps(a[g][j], s));
-    }
-  }
+  // CH registers of 16 elements a head, G * CH + CH of the 32: the widest chunk that fits runs first
+  constexpr int WIDE = G <= 3 ? 8 : G <= 6 ? 4 : 2;
+  if constexpr (WIDE >= 8)
+    for (; d0 + 128 <= D; d0 += 128) attend_values_chunk<G, 8>(p, slot, n, vh, D, d0, inv, o);
+  if constexpr (WIDE >= 4)
+    for (; d0 + 64 <= D; d0 += 64) attend_values_chunk<G, 4>(p, slot, n, vh, D, d0, inv, o);
+  for (; d0 + 32 <= D; d0 += 32) attend_values_chunk<G, 2>(p, slot, n, vh, D, d0, inv, o);
 #endif
 #ifdef OFFSPEC_AVX2
   for (; d0 + 16 <= D; d0 += 16) {
