@@ -13,10 +13,12 @@
 #pragma once
 
 #include "ggml_dot.h"
+#ifdef OFFSPEC_AVX2
+#include "ggml_x16_vec.h"  // V16, V8
+#endif
 
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -46,26 +48,27 @@ inline void attend_dots(const float* const* q, const float* k, int64_t D, float*
 #endif
 }
 
-#ifdef OFFSPEC_AVX512
-// Elements d0 .. d0 + 16 CH of attend_values (below) for G heads, in G * CH registers over all the keys.
-template <int G, int CH>
+#ifdef OFFSPEC_AVX2
+// Elements d0 .. d0 + CH * V::LANES of attend_values (below) for G heads, in G * CH registers over all the keys.
+template <class V, int G, int CH>
 inline void attend_values_chunk(const float* const* p, const int64_t* slot, int64_t n, const float* vh, int64_t D,
                                 int64_t d0, const float* inv, float* const* o) {
-  __m512 a[G][CH];
+  using F = typename V::F;
+  F a[G][CH];
   for (int g = 0; g < G; g++)
-    for (int j = 0; j < CH; j++) a[g][j] = _mm512_setzero_ps();
+    for (int j = 0; j < CH; j++) a[g][j] = V::fzero();
   for (int64_t c = 0; c < n; c++) {
     const float* vr = vh + slot[c] * D + d0;
-    __m512 v[CH];
-    for (int j = 0; j < CH; j++) v[j] = _mm512_loadu_ps(vr + 16 * j);
+    F v[CH];
+    for (int j = 0; j < CH; j++) v[j] = V::fload(vr + V::LANES * j);
     for (int g = 0; g < G; g++) {
-      const __m512 pc = _mm512_set1_ps(p[g][c]);
-      for (int j = 0; j < CH; j++) a[g][j] = _mm512_fmadd_ps(pc, v[j], a[g][j]);
+      const F pc = V::fset(p[g][c]);
+      for (int j = 0; j < CH; j++) a[g][j] = V::fmadd(pc, v[j], a[g][j]);
     }
   }
   for (int g = 0; g < G; g++) {
-    const __m512 s = _mm512_set1_ps(inv[g]);
-    for (int j = 0; j < CH; j++) _mm512_storeu_ps(o[g] + d0 + 16 * j, _mm512_mul_ps(a[g][j], s));
+    const F s = V::fset(inv[g]);
+    for (int j = 0; j < CH; j++) V::store(o[g] + d0 + V::LANES * j, V::fmul(a[g][j], s));
   }
 }
 #endif
@@ -82,30 +85,13 @@ inline void attend_values(const float* const* p, const int64_t* slot, int64_t n,
   // CH registers of 16 elements a head, G * CH + CH of the 32: the widest chunk that fits runs first
   constexpr int WIDE = G <= 3 ? 8 : G <= 6 ? 4 : 2;
   if constexpr (WIDE >= 8)
-    for (; d0 + 128 <= D; d0 += 128) attend_values_chunk<G, 8>(p, slot, n, vh, D, d0, inv, o);
+    for (; d0 + 128 <= D; d0 += 128) attend_values_chunk<V16, G, 8>(p, slot, n, vh, D, d0, inv, o);
   if constexpr (WIDE >= 4)
-    for (; d0 + 64 <= D; d0 += 64) attend_values_chunk<G, 4>(p, slot, n, vh, D, d0, inv, o);
-  for (; d0 + 32 <= D; d0 += 32) attend_values_chunk<G, 2>(p, slot, n, vh, D, d0, inv, o);
+    for (; d0 + 64 <= D; d0 += 64) attend_values_chunk<V16, G, 4>(p, slot, n, vh, D, d0, inv, o);
+  for (; d0 + 32 <= D; d0 += 32) attend_values_chunk<V16, G, 2>(p, slot, n, vh, D, d0, inv, o);
 #endif
 #ifdef OFFSPEC_AVX2
-  for (; d0 + 16 <= D; d0 += 16) {
-    __m256 a[G][2];
-    for (int g = 0; g < G; g++) a[g][0] = a[g][1] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < n; c++) {
-      const float* vr = vh + slot[c] * D + d0;
-      const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
-      for (int g = 0; g < G; g++) {
-        const __m256 pc = _mm256_set1_ps(p[g][c]);
-        a[g][0] = _mm256_fmadd_ps(pc, v0, a[g][0]);
-        a[g][1] = _mm256_fmadd_ps(pc, v1, a[g][1]);
-      }
-    }
-    for (int g = 0; g < G; g++) {
-      const __m256 s = _mm256_set1_ps(inv[g]);
-      _mm256_storeu_ps(o[g] + d0, _mm256_mul_ps(a[g][0], s));
-      _mm256_storeu_ps(o[g] + d0 + 8, _mm256_mul_ps(a[g][1], s));
-    }
-  }
+  for (; d0 + 16 <= D; d0 += 16) attend_values_chunk<V8, G, 2>(p, slot, n, vh, D, d0, inv, o);
 #endif
   for (; d0 < D; d0++) {  // the rest (and every element without AVX2), one element at a time: the same chain
     for (int g = 0; g < G; g++) {

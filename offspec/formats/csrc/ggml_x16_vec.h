@@ -1,6 +1,6 @@
 // The vector operations of the interleaved kernels (ggml_x16.h, ggml_x16_legacy.h), at 16 lanes (AVX-512: one
 // register holds a group's 16 rows) and at 8 (AVX2: a group is computed as two halves of 8 rows). Included by
-// ggml_x16.h in its AVX2 part.
+// ggml_x16.h in its AVX2 part, and by attention.h.
 #pragma once
 
 namespace offspec {
@@ -55,6 +55,7 @@ struct V16 {
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F fload(const float* p) { return _mm512_loadu_ps(p); }
 };
 #endif
 
@@ -100,6 +101,7 @@ struct V8 {
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F fload(const float* p) { return _mm256_loadu_ps(p); }
 };
 
 }  // namespace offspec
