@@ -29,9 +29,14 @@
 //     and the quants after them; the others the quants first, then qh and d (so the quants start on a line).
 // Rows past the last whole group (N % 16) keep the row-major layout.
 //
-// Reading: each kernel reads its group's bytes in address order, and the hardware prefetcher streams them better
-// alone (no software prefetch): from memory, one Zen 4 core, Q4_K 29.3 -> 32.4 GB/s, Q6_K 16.9 -> 24-25 GB/s (with
-// a prefetch a super-block ahead 18.5, four ahead 15.7).
+// Reading: each kernel reads its group's bytes in address order. With one activation row the hardware prefetcher
+// streams them better alone: from memory, one Zen 4 core, Q4_K 29.3 -> 32.4 GB/s, Q6_K 16.9 -> 24-25 GB/s (with a
+// prefetch a super-block ahead 18.5, four ahead 15.7); a prefetch 6.75 KB ahead costs one row 1-5% too. With 2 rows
+// and more, the products keep a core busy long enough that the hardware prefetcher falls behind, and a prefetch
+// into L2 6.75 KB ahead (x16_prefetch: 3 Q4_K super-blocks, 2 Q6_K) lets a pass of 3 rows cost what one row
+// costs, 4 rows 1.2x less, 8 rows 1.5x less, 32 rows 1.15x (all the 1.5B target's matrices, 2 threads, Zen 4;
+// 2.3 KB ahead was slower at 3-4 rows, 13.5 KB at 2-3). The legacy types' passes of several rows are bound by
+// their float steps (ggml_x16_legacy.h): a prefetch gained them nothing.
 //
 // Exactness: a product computes the same exact integer sums per (weight row, super-block) as ggml_dot.h's kernels
 // (Q4_K: sum_j sc_j sum(q x) and sum_j m_j sum(x); Q6_K: sum_g sc_g sum((q - 32) x), taken as sum(q x) - 32 sum(x)
@@ -169,6 +174,15 @@ inline void x16_permute(const uint8_t* src, uint8_t* dst, int64_t N, int64_t rb,
 
 namespace offspec {
 
+// Several activation rows: the weights' bytes `X16_AHEAD` past `p`, `lines` cache lines of them, into L2 (see
+// "Reading" above); one row: nothing.
+constexpr int64_t X16_AHEAD = 6912;
+template <int R>
+inline void x16_prefetch(const uint8_t* p, int lines) {
+  if (R < 2) return;
+  for (int l = 0; l < lines; l++) _mm_prefetch(reinterpret_cast<const char*>(p + X16_AHEAD + 64 * l), _MM_HINT_T1);
+}
+
 // The 16 rows' scales (sc) and minimums (mn) of a Q4_K group super-block, one 16-byte vector per sub-block (byte r:
 // row r): k_scale_min's unpacking (KBlock::unpack_scales) of 16 rows at once. `half` selects rows 8.. for V8.
 struct X16Scales {
@@ -229,6 +243,7 @@ void q4k_x16(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, float* y
     I is[R];
     for (int r = 0; r < R; r++) is[r] = V::zero();
     for (int p = 0; p < 4; p++) {
+      x16_prefetch<R>(b + 9 * 64 * p, 9);  // a quarter of a super-block (36 lines) a sub-block pair
       I lo[R], hi[R];
       for (int r = 0; r < R; r++) lo[r] = hi[r] = V::zero();
 #pragma GCC unroll 8
@@ -268,6 +283,7 @@ void q4k_x16_avx2(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, flo
     __m256i is[R];
     for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
     for (int p = 0; p < 4; p++) {
+      x16_prefetch<R>(b + 9 * 64 * p, 9);
       __m256i lo[R], hi[R];  // 16-bit sums of products: two per row (its 32-bit lane)
       for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -309,6 +325,7 @@ void q6k_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64
     for (int r = 0; r < R; r++) is[r] = V::zero();
     for (int h = 0; h < 2; h++) {
       for (int q2 = 0; q2 < 2; q2++) {  // elements 16 q2 .. of each 32: scale groups 8h + 2s + q2
+        x16_prefetch<R>(g + sb * SB + 14 * 64 * (2 * h + q2), 14);  // a quarter of a super-block (52.5 lines)
         I a[4][R];  // sub-block s = 0..3 of this half: sum(q x) over 16 elements
         for (int s = 0; s < 4; s++)
           for (int r = 0; r < R; r++) a[s][r] = V::zero();
