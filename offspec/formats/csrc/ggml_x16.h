@@ -31,7 +31,7 @@
 //
 // Reading: each kernel reads its group's bytes in address order. With one activation row the hardware prefetcher
 // streams them better alone: from memory, one Zen 4 core, Q4_K 29.3 -> 32.4 GB/s, Q6_K 16.9 -> 24-25 GB/s (with a
-// prefetch a super-block ahead 18.5, four ahead 15.7); a prefetch 6.75 KB ahead costs one row 1-5% too. With 2 rows
+// prefetch a super-block ahead 18.5, four ahead 15.7); a prefetch 4.5 KB ahead cost one row 5% too. With 2 rows
 // and more, the products keep a core busy long enough that the hardware prefetcher falls behind, and a prefetch
 // into L2 6.75 KB ahead (x16_prefetch: 3 Q4_K super-blocks, 2 Q6_K) lets a pass of 3 rows cost what one row
 // costs, 4 rows 1.2x less, 8 rows 1.5x less, 32 rows 1.15x (all the 1.5B target's matrices, 2 threads, Zen 4;
