@@ -74,7 +74,7 @@ def test_avx512_without_vnni_computes_the_same_bits(two_builds, no_vnni, type_na
 @pytest.mark.parametrize("type_name", kernels.X16_NAMES)
 def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vnni, type_name):
     """The x16 kernels (csrc/ggml_x16.h) at 8 lanes (AVX2: a group in two halves) and at 16 (AVX-512, with VNNI's
-    dot products or without) compute the row-major kernels' bits."""
+    dot products or without) compute the row-major kernels' bits; a draft's (X16S_TYPES) one result in all."""
     wide, avx2 = two_builds
     rng = np.random.default_rng(9)
     tid = ggml_type(type_name).id
@@ -84,6 +84,7 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
     x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
     x[2, :64] = 0.0  # activation blocks of zeros (scale 0)
     want = avx2.qgemm(x, raw, tid, cols)
+    drafts = avx2.qgemm(x, avx2.interleave(raw, tid, cols, True), tid + kernels.X16S_TYPES, cols)
     for ext in (avx2, no_vnni, wide):
         mixed = ext.interleave(raw, tid, cols, True)
         assert torch.equal(mixed, wide.interleave(raw, tid, cols, True))  # one layout for every build
@@ -93,6 +94,9 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
         # a layer's products of one input (q/k/v, gate/up) share its quantization: the same bits, every weight
         first, second = ext.qgemm_many(x[:4].clone(), [mixed, mixed[:16].clone()], [tid + kernels.X16_TYPES] * 2, cols)
         assert torch.equal(first, want[:4]) and torch.equal(second, want[:4, :16]), ext.isa()
+        # a draft's products (a block's lanes summed as integers first): one result in every build too
+        sums = ext.qgemm(x, mixed, tid + kernels.X16S_TYPES, cols)
+        assert torch.equal(sums.view(torch.int32), drafts.view(torch.int32)), ext.isa()
 
 
 @pytest.mark.slow

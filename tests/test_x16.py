@@ -133,6 +133,79 @@ def test_the_layout_variable_keeps_rows_or_is_refused(ext, monkeypatch):
         kernels.interleave(module)
 
 
+def _block_sums_reference(ext, type_name: str, raw: torch.Tensor, x: np.ndarray, cols: int) -> np.ndarray:
+    """What a draft's products (X16S_TYPES) compute, for integer activations whose every block of 32 holds a +-127
+    (their scale is then 1 and they quantize to themselves): per weight row, in block order, acc = fma(the block's
+    integer sum of q x, d, acc) in float32 (and for Q4_1 / Q5_1 off = fma(m, the block's sum of x, off); acc + off).
+    float64 holds each product exactly, so one rounding to float32 is the fma's."""
+    rows, nb = raw.shape[0], cols // 32
+    blocks = raw.numpy().reshape(rows, nb, -1)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (rows, nb)
+    has_min = type_name in ("Q4_1", "Q5_1")
+    m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if has_min else np.zeros_like(d)
+    w = ext.dequantize(raw, ggml_type(type_name).id, cols).numpy().reshape(rows, nb, 32).astype(np.float64)
+    q = np.rint((w - m[..., None]) / d[..., None]).astype(np.int64)  # (rows, nb, 32) the blocks' integers
+    xb = x.reshape(x.shape[0], nb, 32).astype(np.int64)  # (M, nb, 32)
+    isum = np.einsum("rbj,mbj->mrb", q, xb)  # (M, rows, nb) exact
+    xsum = xb.sum(-1).astype(np.float32)  # (M, nb)
+    acc = np.zeros((x.shape[0], rows), np.float32)
+    off = np.zeros_like(acc)
+    for b in range(nb):
+        acc = (isum[:, :, b] * d[None, :, b].astype(np.float64) + acc).astype(np.float32)
+        if has_min:
+            off = (m[None, :, b].astype(np.float64) * xsum[:, None, b] + off).astype(np.float32)
+    return acc + off if has_min else acc
+
+
+@pytest.mark.parametrize("type_name", kernels.X16_NAMES)
+def test_a_drafts_products_sum_each_blocks_lanes_as_integers_first(ext, type_name):
+    """X16S_TYPES (a draft's weights, kernels.as_draft): the legacy types' products take one float step per block
+    (the reference above), the same bits for a row at any number of activation rows (tiles of 8, 4, 2, 1) and in
+    qgemm_many; close to the exact kernels' but not their bits. The K-quants' are the x16 products."""
+    rng = np.random.default_rng(11)
+    cols = 512 if type_name in K_QUANTS else 896
+    raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))  # two groups of 16, 5 rows row-major
+    tid = ggml_type(type_name).id
+    mixed = ext.interleave(raw, tid, cols, True)
+    x = rng.integers(-127, 128, (21, cols)).astype(np.float32)  # (21, cols)
+    x[:, ::32] = 127.0  # every block's scale 1
+    x[3, 32:64] = 0.0  # a block of zeros
+    xt = torch.from_numpy(x)
+    got = ext.qgemm(xt, mixed, tid + kernels.X16S_TYPES, cols)  # (21, 37)
+    exact = ext.qgemm(xt, raw, tid, cols)
+    if type_name in K_QUANTS:
+        assert torch.equal(got, exact)
+    else:
+        want = _block_sums_reference(ext, type_name, raw, x, cols)
+        assert np.array_equal(got[:, :32].numpy().view(np.int32), want[:, :32].view(np.int32))
+        assert torch.equal(got[:, 32:], exact[:, 32:])  # the rows past the last group: the row-major kernels
+        assert torch.allclose(got, exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
+        assert not torch.equal(got, exact)
+    for m in range(1, 21):  # tiles of 8 (AVX2: 4), then a tile of the rest
+        assert torch.equal(ext.qgemm(xt[:m].clone(), mixed, tid + kernels.X16S_TYPES, cols), got[:m]), m
+    pair = ext.qgemm_many(xt[:6].clone(), [mixed, mixed[:16].clone()], [tid + kernels.X16S_TYPES] * 2, cols)
+    assert torch.equal(pair[0], got[:6]) and torch.equal(pair[1], got[:6, :16])
+
+
+def test_a_draft_is_marked_for_its_products_unless_asked_exact(ext, monkeypatch):
+    modules = torch.nn.Sequential(_qlinear("Q5_0", 32, 896), _qlinear("Q4_K", 32, 256), _qlinear("Q8_0", 8, 896))
+    for module in modules:
+        kernels.interleave(module)
+    monkeypatch.setenv(kernels.DRAFT_PRODUCTS_VARIABLE, "exact")
+    assert kernels.as_draft(modules) == 0 and modules[0].kernel_type == modules[0].type_id + kernels.X16_TYPES
+    monkeypatch.setenv(kernels.DRAFT_PRODUCTS_VARIABLE, "fast")
+    with pytest.raises(OffspecError, match="OFFSPEC_DRAFT_PRODUCTS=fast: use exact"):
+        kernels.as_draft(modules)
+    monkeypatch.delenv(kernels.DRAFT_PRODUCTS_VARIABLE)
+    x = torch.randn(3, 896)  # (3, 896)
+    exact = modules[0](x)
+    assert kernels.as_draft(modules) == 3
+    assert [m.kernel_type for m in modules] == [modules[0].type_id + kernels.X16S_TYPES,
+                                                modules[1].type_id + kernels.X16S_TYPES, modules[2].type_id]
+    assert "Q5_0 x16 sums" in repr(modules[0])
+    assert torch.allclose(modules[0](x), exact, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("names, cols", [
     (("Q4_K", "Q4_K", "Q6_K"), 512),  # the 1.5B target's q, k, v: one quantization of the input for all three
     (("Q5_0", "Q5_0"), 96),  # the 0.5B draft's gate and up

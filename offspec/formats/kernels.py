@@ -39,6 +39,11 @@ ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
 # "rows": keep resident weights row-major instead of interleaving them (an A/B switch; the same results)
 LAYOUT_VARIABLE = "OFFSPEC_CPU_LAYOUT"
 X16_TYPES = 100  # an interleaved layout's type id: its ggml type's + 100 (csrc/ggml_x16.h)
+# the same layout in a draft's products: the legacy types' block lanes summed as integers first, then one float step
+# per block (csrc/ggml_x16_legacy.h legacy_x16s: 1.2x at 2 rows, 1.8-2x from 4; not the row-major kernels' bits)
+X16S_TYPES = 200
+# "exact": a draft's products keep the row-major kernels' bits too (an A/B switch; the same tokens either way)
+DRAFT_PRODUCTS_VARIABLE = "OFFSPEC_DRAFT_PRODUCTS"
 X16_NAMES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")  # the types with an interleaved layout
 AMX_FLAGS = ["-mavx512vbmi", "-mamx-tile", "-mamx-int8"]
 
@@ -274,6 +279,27 @@ def interleave(module: Any) -> bool:
     w.copy_(compiled().interleave(w.contiguous(), module.type_id, module.in_features, True))
     module.interleaved = True
     return True
+
+
+def draft_sums() -> bool:
+    """Whether a draft's interleaved weights take X16S_TYPES' products, unless OFFSPEC_DRAFT_PRODUCTS=exact."""
+    choice = os.environ.get(DRAFT_PRODUCTS_VARIABLE, "").strip().lower() or "auto"
+    if choice not in ("auto", "exact"):
+        raise OffspecError(f"{DRAFT_PRODUCTS_VARIABLE}={choice}: use exact (the row-major kernels' bits) or auto")
+    return choice == "auto"
+
+
+def as_draft(model: Any) -> int:
+    """Mark a draft model's QLinears so that their interleaved products sum a block's lanes as integers first
+    (X16S_TYPES: a draft only proposes, so a float rounding apart costs nothing of the output); returns how many."""
+    if not draft_sums():
+        return 0
+    marked = 0
+    for module in model.modules():
+        if hasattr(module, "interleaved") and hasattr(module, "sums"):
+            module.sums = True
+            marked += 1
+    return marked
 
 
 def stored_rows(module: Any) -> torch.Tensor:

@@ -18,12 +18,14 @@ from .ggml import KERNEL_TYPES
 
 class QLinear(nn.Module):
     """y = x W^T + b with W (out_features, in_features) stored as ggml blocks of `type_id`; where `interleaved`,
-    its rows are interleaved 16 at a time for the CPU kernels (kernels.interleave) and `kernel_type` says so."""
+    its rows are interleaved 16 at a time for the CPU kernels (kernels.interleave) and `kernel_type` says so;
+    `sums`: a draft's weight, whose interleaved products may round differently (kernels.as_draft)."""
 
     def __init__(self, type_id: int, in_features: int, out_features: int, bias: bool, device: torch.device):
         super().__init__()
         self.type_id, self.in_features, self.out_features = type_id, in_features, out_features
         self.interleaved = False
+        self.sums = False
         row_bytes = KERNEL_TYPES[type_id].row_bytes(in_features)
         self.register_buffer("qweight", torch.empty((out_features, row_bytes), dtype=torch.uint8, device=device))
         self.register_buffer("bias", torch.empty(out_features, dtype=torch.float32, device=device) if bias else None)
@@ -31,14 +33,16 @@ class QLinear(nn.Module):
     @property
     def kernel_type(self) -> int:
         """The type id the kernels take: the ggml type's, or its interleaved layout's."""
-        return self.type_id + kernels.X16_TYPES if self.interleaved else self.type_id
+        if not self.interleaved:
+            return self.type_id
+        return self.type_id + (kernels.X16S_TYPES if self.sums else kernels.X16_TYPES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return kernels.linear(x, self.qweight, self.kernel_type, self.in_features, bias)  # (..., out_features)
 
     def extra_repr(self) -> str:
-        layout = " x16" if self.interleaved else ""
+        layout = (" x16 sums" if self.sums else " x16") if self.interleaved else ""
         return (f"{KERNEL_TYPES[self.type_id].name}{layout}, in_features={self.in_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}")
 

@@ -155,6 +155,9 @@ class SubsetHead(nn.Module):
         # .interleave; the same bits); the rows admitted later stay row-major after them, computed apart
         self.static_interleaved = (self.type_id is not None and device.type == "cpu" and self.static >= 16
                                    and KERNEL_TYPES[self.type_id].name in kernels.X16_NAMES and kernels.interleaves())
+        # a draft's head: its products as the draft's layers' (kernels.as_draft)
+        self.x16_type = None if self.type_id is None else \
+            self.type_id + (kernels.X16S_TYPES if getattr(head, "sums", False) else kernels.X16_TYPES)
         if self.static_interleaved:
             static = self.rows[: self.static]
             static.copy_(kernels.compiled().interleave(static, self.type_id, self.in_features, True))
@@ -202,7 +205,7 @@ class SubsetHead(nn.Module):
         """`subset` where the rows chosen at load are interleaved: those, then the admitted ones (row-major)."""
         s, n = self.static, self.n
         bias = (None, None) if self.bias_rows is None else (self.bias_rows[:s], self.bias_rows[s:n])
-        y = kernels.linear(x, self.rows[:s], self.type_id + kernels.X16_TYPES, self.in_features, bias[0])  # (..., s)
+        y = kernels.linear(x, self.rows[:s], self.x16_type, self.in_features, bias[0])  # (..., s)
         if n == s:
             return y
         admitted = kernels.linear(x, self.rows[s:n], self.type_id, self.in_features, bias[1])  # (..., n - s)

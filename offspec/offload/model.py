@@ -329,6 +329,7 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
                                        config=replace(config, quant=config.draft_quant), progress=progress,
                                        tiers="device", report=False)  # resident, from its packed store
         draft = LoadedModel(name=draft_res.name, path=draft_res.path, model=model, tokenizer=draft_tok)
+        kernels.as_draft(model)  # its products as a draft's (a block's lanes summed as integers first)
         # its weights interleaved for the CPU kernels are the process's own pages (materialize._interleave_resident)
         in_memory = sum(m.qweight.numel() for m in model.modules() if isinstance(m, QLinear) and m.interleaved)
         head = model.get_output_embeddings()

@@ -104,9 +104,9 @@ void x16_gemm(const float* xp, int64_t M, int64_t K, const std::vector<torch::Te
   bool sums16 = false;
   for (int64_t i = 0; i < n; i++) {
     first[i + 1] = first[i] + ws[i].size(0) / X16_ROWS;
-    sums16 = sums16 || types[i] == Q6_K_X16;
+    sums16 = sums16 || x16_base(types[i]) == Q6_K;
   }
-  const X16Input in(xp, M, K, types[0] - X16_TYPES, sums16);
+  const X16Input in(xp, M, K, x16_base(types[0]), sums16);
   at::parallel_for(0, first[n], 1, [&](int64_t g0, int64_t g1) {
     for (int64_t i = 0; i < n; i++) {  // weight i's groups [a, b) of this task's share, counted within the weight
       const int64_t a = std::max(g0, first[i]) - first[i], b = std::min(g1, first[i + 1]) - first[i];
@@ -119,7 +119,7 @@ void x16_gemm(const float* xp, int64_t M, int64_t K, const std::vector<torch::Te
   for (int64_t i = 0; i < n; i++) {
     const int64_t N = ws[i].size(0), rb = ws[i].size(1), tail = N / X16_ROWS * X16_ROWS;
     if (tail < N)
-      dot_rows(types[i] - X16_TYPES, ws[i].data_ptr<uint8_t>() + tail * rb, rb, N - tail, in.xs,
+      dot_rows(x16_base(types[i]), ws[i].data_ptr<uint8_t>() + tail * rb, rb, N - tail, in.xs,
                ys[i].data_ptr<float>() + tail, N);
   }
 }
@@ -129,7 +129,7 @@ void x16_gemm(const float* xp, int64_t M, int64_t K, const std::vector<torch::Te
 
 torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   const bool x16 = is_x16(type);  // rows interleaved 16 at a time (ggml_x16.h): the kernels of the ggml type below
-  check_weight(w, x16 ? type - X16_TYPES : type, K);
+  check_weight(w, x16 ? x16_base(type) : type, K);
 #ifndef OFFSPEC_AVX2
   TORCH_CHECK(!x16, "offspec: interleaved weights need the AVX2 kernels");
 #endif
@@ -196,7 +196,7 @@ std::vector<torch::Tensor> qgemm_many(torch::Tensor x, std::vector<torch::Tensor
   TORCH_CHECK(ws.size() == types.size() && !ws.empty(), "offspec: qgemm_many takes one type per weight");
   bool shared = ws.size() > 1 && x.dim() == 2 && x.size(0) > 0;
 #ifdef OFFSPEC_AVX2
-  for (int64_t t : types) shared = shared && is_x16(t) && same_x16_input(t - X16_TYPES, types[0] - X16_TYPES);
+  for (int64_t t : types) shared = shared && is_x16(t) && same_x16_input(x16_base(t), x16_base(types[0]));
 #else
   shared = false;
 #endif
@@ -210,7 +210,7 @@ std::vector<torch::Tensor> qgemm_many(torch::Tensor x, std::vector<torch::Tensor
               "offspec: activations must be a (M, K) float32 CPU tensor");
   x = x.contiguous();
   for (size_t i = 0; i < ws.size(); i++) {
-    check_weight(ws[i], types[i] - X16_TYPES, K);
+    check_weight(ws[i], x16_base(types[i]), K);
     ys.push_back(torch::empty({x.size(0), ws[i].size(0)}, x.options()));  // (M, N_i) float32
   }
   x16_gemm(x.data_ptr<float>(), x.size(0), K, ws, types, ys);
@@ -223,7 +223,7 @@ std::vector<torch::Tensor> qgemm_many(torch::Tensor x, std::vector<torch::Tensor
 
 torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
   if (is_x16(type)) {  // back to row-major rows first (a copy), then as the ggml type
-    type -= X16_TYPES;
+    type = x16_base(type);
     check_weight(w, type, K);
     auto rows = torch::empty_like(w);  // (R, row_bytes) uint8
     x16_permute(w.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>(), w.size(0), w.size(1), type, false);

@@ -41,7 +41,8 @@
 // Exactness: a product computes the same exact integer sums per (weight row, super-block) as ggml_dot.h's kernels
 // (Q4_K: sum_j sc_j sum(q x) and sum_j m_j sum(x); Q6_K: sum_g sc_g sum((q - 32) x), taken as sum(q x) - 32 sum(x)
 // per 16), then the same float steps in the same order (KSteps: acc = fma(isum, d * dx, acc), acc = fnmadd(msum,
-// dmin * dx, acc)): the same bits as the row-major kernels, whatever M or the tile.
+// dmin * dx, acc)): the same bits as the row-major kernels, whatever M or the tile. A draft's legacy weights
+// (X16S_TYPES) round otherwise, for speed (ggml_x16_legacy.h legacy_x16s).
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,9 @@ namespace offspec {
 
 constexpr int64_t X16_ROWS = 16;
 constexpr int64_t X16_TYPES = 100;  // a layout's type id: the ggml type's + 100 (never a ggml id)
-constexpr int64_t Q4_K_X16 = Q4_K + X16_TYPES, Q6_K_X16 = Q6_K + X16_TYPES;
+// The same bytes for a draft's products: the legacy types' block lanes summed as integers first (legacy_x16s in
+// ggml_x16_legacy.h: not the row-major kernels' bits); the K-quants' products are those of X16_TYPES.
+constexpr int64_t X16S_TYPES = 200;
 
 // The legacy types' interleaved group blocks: where d, m, qh and the quants start (`odd`: the block's index in the
 // weight is odd; only the types whose group block is not whole cache lines alternate).
@@ -79,7 +82,12 @@ constexpr LegacyX16Layout legacy_x16_layout(int64_t type) {
 }
 
 inline bool x16_able(int64_t type) { return type == Q4_K || type == Q6_K || x16_legacy(type); }
-inline bool is_x16(int64_t type) { return type >= X16_TYPES && x16_able(type - X16_TYPES); }
+// The ggml type of an interleaved layout's id (X16_TYPES or X16S_TYPES), or -1.
+inline int64_t x16_base(int64_t type) {
+  const int64_t base = type >= X16S_TYPES ? type - X16S_TYPES : type - X16_TYPES;
+  return type >= X16_TYPES && x16_able(base) ? base : -1;
+}
+inline bool is_x16(int64_t type) { return x16_base(type) >= 0; }
 
 // A Q5 row's qh word as stored interleaved (forward: bit 8j + c <- bit 4c + j) or back.
 inline uint32_t x16_qh_bits(uint32_t w, bool forward) {
@@ -387,7 +395,18 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
       const uint8_t* g = w + gi * X16_ROWS * rb;
       float* yg = y + gi * X16_ROWS + half * VX16::LANES;
       const int64_t first = (g0 + gi) * (x.K / 32);  // the group's first block in the weight (legacy types)
-      switch (type - X16_TYPES) {
+      const int64_t base = x16_base(type);
+      if (x16_legacy(base) && type >= X16S_TYPES) {  // a draft's products
+        switch (base) {
+          case Q4_0: legacy_x16s<VX16, Q4_0>(g, first, half, x, yg, ystride); continue;
+          case Q4_1: legacy_x16s<VX16, Q4_1>(g, first, half, x, yg, ystride); continue;
+          case Q5_0: legacy_x16s<VX16, Q5_0>(g, first, half, x, yg, ystride); continue;
+          case Q5_1: legacy_x16s<VX16, Q5_1>(g, first, half, x, yg, ystride); continue;
+          case Q8_0: legacy_x16s<VX16, Q8_0>(g, first, half, x, yg, ystride); continue;
+          default: legacy_x16s<VX16, IQ4_NL>(g, first, half, x, yg, ystride); continue;
+        }
+      }
+      switch (base) {
         case Q4_0: legacy_x16<VX16, Q4_0>(g, first, half, x, yg, ystride); continue;
         case Q4_1: legacy_x16<VX16, Q4_1>(g, first, half, x, yg, ystride); continue;
         case Q5_0: legacy_x16<VX16, Q5_0>(g, first, half, x, yg, ystride); continue;
@@ -399,9 +418,9 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
       int64_t r = 0;
       auto run = [&](auto R) {
 #ifdef OFFSPEC_AVX512
-        if (type == Q4_K_X16) q4k_x16<VX16, decltype(R)::value>(g, half, x, r, yg, ystride);
+        if (base == Q4_K) q4k_x16<VX16, decltype(R)::value>(g, half, x, r, yg, ystride);
 #else
-        if (type == Q4_K_X16) q4k_x16_avx2<decltype(R)::value>(g, half, x, r, yg, ystride);
+        if (base == Q4_K) q4k_x16_avx2<decltype(R)::value>(g, half, x, r, yg, ystride);
 #endif
         else q6k_x16<VX16, decltype(R)::value>(g, (g0 + gi) * (x.K / 256), half, x, r, yg, ystride);
       };

@@ -13,6 +13,9 @@
 // chunk is unpacked once for the rows of a pass. That pays from 8 rows up (prefill: 1.4x at 64); at 2-4 rows the
 // float steps per lane and block bound the products either way.
 // AVX2's 16 registers hold 8 accumulators: 1 row in two passes of 4 lanes, 2 rows in four of 2.
+// A draft's weights (X16S_TYPES, formats/kernels.py as_draft) take legacy_x16s instead: each block's 8 lanes summed
+// as integers first, then one conversion and one fma per block and row (not the row-major bits; a draft only
+// proposes): the 0.5B draft's Q5_0 / Q8_0 matrices 1.2x at 2 rows, 1.8-2x from 4 rows up, its prefill 1.6x.
 #pragma once
 
 namespace offspec {
@@ -203,6 +206,74 @@ void legacy_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, fl
     }
   }
   for (; m < x.M; m++) legacy_x16_tile<V, T, 1>(g, first, half, x, m, y, ystride);
+}
+
+// A draft's products (X16S_TYPES: the same bytes, another type id) of activation rows m0 .. m0 + R: per block and
+// row, the 8 lanes' exact integer sums in one register (the signed types' offset folded in as -offset * the block's
+// sum of x), then acc = fma(that, d * dx, acc) (Q4_1 / Q5_1: off = fma(m * dx, sum(x), off), and acc + off at the
+// end): 2 float steps a block where the exact kernels take 16, so the R rows share each chunk's unpacking with
+// registers to spare. A row's result is the same whatever R or the build (tests: test_x16, test_kernel_isa).
+template <class V, int64_t T, int R>
+void legacy_x16s_tile(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64_t m0, float* y,
+                      int64_t ystride) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr bool MIN = T == Q4_1 || T == Q5_1, QH = T == Q5_0 || T == Q5_1;
+  constexpr LegacyX16Layout L = legacy_x16_layout(T);
+  F acc[R], offs[R];
+  for (int r = 0; r < R; r++) acc[r] = offs[r] = V::fzero();
+  for (int64_t xb = 0, n = x.K / 32; xb < n; xb++) {
+    const bool odd = (first + xb) % 2;
+    const uint8_t* b = g + xb * L.group_bytes;
+    if constexpr (R >= 4) x16_prefetch<R>(b, (L.group_bytes + 63) / 64);  // 4 rows on: 1.1x, 8 rows 1.6x
+    const I qh = QH ? V::load(b + L.qh_at(odd) + half * 4 * V::LANES) : V::zero();
+    I is[R];
+    for (int r = 0; r < R; r++)
+      is[r] = x16_offset_lanes(T) ? V::set32(-legacy_offset(T) * x.sval(m0 + r, xb)) : V::zero();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      I lo, hi;
+      legacy_x16_chunk<V, T>(b + L.quants_at(odd), qh, k, half, lo, hi);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) {
+        const int8_t* xq = x.qrow(m0 + r, xb);
+        if constexpr (x16_offset_lanes(T) || MIN) {
+          is[r] = V::dpbusd(is[r], lo, V::bcast4(xq + 4 * k));
+          is[r] = V::dpbusd(is[r], hi, V::bcast4(xq + 4 * (k + 4)));
+        } else {
+          is[r] = V::add(is[r], V::add(V::dot_signed(lo, V::bcast4(xq + 4 * k)),
+                                       V::dot_signed(hi, V::bcast4(xq + 4 * (k + 4)))));
+        }
+      }
+    }
+    const F d = V::halves(b + L.d_at(odd) + 2 * half * V::LANES);
+    for (int r = 0; r < R; r++) acc[r] = V::fmadd(V::cvt(is[r]), V::fmul(d, V::fset(x.dval(m0 + r, xb))), acc[r]);
+    if constexpr (MIN) {
+      const F m = V::halves(b + L.m_at() + 2 * half * V::LANES);
+      for (int r = 0; r < R; r++)
+        offs[r] = V::fmadd(V::fmul(m, V::fset(x.dval(m0 + r, xb))), V::fset((float)x.sval(m0 + r, xb)), offs[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) V::store(y + (m0 + r) * ystride, MIN ? V::fadd(acc[r], offs[r]) : acc[r]);
+}
+
+// legacy_x16's rows for a draft: tiles of 8 activation rows (AVX-512) or 4 (AVX2), then the rest in one tile.
+template <class V, int64_t T>
+void legacy_x16s(const uint8_t* g, int64_t first, int64_t half, const XSet& x, float* y, int64_t ystride) {
+  constexpr int TILE = V::LANES == 16 ? 8 : 4;
+  int64_t m = 0;
+  for (; m + TILE <= x.M; m += TILE) legacy_x16s_tile<V, T, TILE>(g, first, half, x, m, y, ystride);
+  auto rest = [&](auto R) { legacy_x16s_tile<V, T, decltype(R)::value>(g, first, half, x, m, y, ystride); };
+  switch (x.M - m) {
+    case 1: rest(std::integral_constant<int, 1>{}); break;
+    case 2: rest(std::integral_constant<int, 2>{}); break;
+    case 3: rest(std::integral_constant<int, 3>{}); break;
+    case 4: rest(std::integral_constant<int, TILE == 8 ? 4 : 1>{}); break;  // AVX2: a whole tile (above)
+    case 5: rest(std::integral_constant<int, TILE == 8 ? 5 : 1>{}); break;
+    case 6: rest(std::integral_constant<int, TILE == 8 ? 6 : 1>{}); break;
+    case 7: rest(std::integral_constant<int, TILE == 8 ? 7 : 1>{}); break;
+    default: break;
+  }
 }
 
 }  // namespace offspec
