@@ -40,7 +40,7 @@ ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
 LAYOUT_VARIABLE = "OFFSPEC_CPU_LAYOUT"
 X16_TYPES = 100  # an interleaved layout's type id: its ggml type's + 100 (csrc/ggml_x16.h)
 # the same layout in a draft's products: the legacy types' block lanes summed as integers first, then one float step
-# per block (csrc/ggml_x16_legacy.h legacy_x16s: 1.2x at 2 rows, 1.8-2x from 4; not the row-major kernels' bits)
+# per block (csrc/ggml_x16_legacy.h legacy_x16s: 1.1x at 2 rows, 1.5-2.5x from 3; not the row-major kernels' bits)
 X16S_TYPES = 200
 # "exact": a draft's products keep the row-major kernels' bits too (an A/B switch; the same tokens either way)
 DRAFT_PRODUCTS_VARIABLE = "OFFSPEC_DRAFT_PRODUCTS"

@@ -35,8 +35,9 @@
 // and more, the products keep a core busy long enough that the hardware prefetcher falls behind, and a prefetch
 // into L2 6.75 KB ahead (x16_prefetch: 3 Q4_K super-blocks, 2 Q6_K) lets a pass of 3 rows cost what one row
 // costs, 4 rows 1.2x less, 8 rows 1.5x less, 32 rows 1.15x (all the 1.5B target's matrices, 2 threads, Zen 4;
-// 2.3 KB ahead was slower at 3-4 rows, 13.5 KB at 2-3). The legacy types' passes of several rows are bound by
-// their float steps (ggml_x16_legacy.h): a prefetch gained them nothing.
+// 2.3 KB ahead was slower at 3-4 rows, 13.5 KB at 2-3). The legacy types' exact passes of several rows are bound
+// by their float steps (ggml_x16_legacy.h): a prefetch gained them nothing; a draft's (legacy_x16s, 2 float steps a
+// block) prefetch from 4 rows.
 //
 // Exactness: a product computes the same exact integer sums per (weight row, super-block) as ggml_dot.h's kernels
 // (Q4_K: sum_j sc_j sum(q x) and sum_j m_j sum(x); Q6_K: sum_g sc_g sum((q - 32) x), taken as sum(q x) - 32 sum(x)

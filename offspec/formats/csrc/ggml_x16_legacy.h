@@ -15,7 +15,8 @@
 // AVX2's 16 registers hold 8 accumulators: 1 row in two passes of 4 lanes, 2 rows in four of 2.
 // A draft's weights (X16S_TYPES, formats/kernels.py as_draft) take legacy_x16s instead: each block's 8 lanes summed
 // as integers first, then one conversion and one fma per block and row (not the row-major bits; a draft only
-// proposes): the 0.5B draft's Q5_0 / Q8_0 matrices 1.2x at 2 rows, 1.8-2x from 4 rows up, its prefill 1.6x.
+// proposes): the 0.5B draft's Q5_0 / Q8_0 matrices 1.1x at 2 rows, 1.5-2.5x from 3 (AVX2 1.3-2.1x), its prefill
+// 1.6x.
 #pragma once
 
 namespace offspec {
