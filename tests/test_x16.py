@@ -233,3 +233,29 @@ def test_products_of_one_input_by_several_weights_are_each_weights_bits(ext, nam
             want = ext.qgemm(x[:m].clone(), raw, tid, cols)  # (m, n)
             assert y.shape == (m, n) and torch.equal(y.view(torch.int32), want.view(torch.int32)), (m, n)
     assert [y.shape for y in ext.qgemm_many(x[:0].clone(), weights, types, cols)] == [(0, n) for n in rows]
+
+
+def test_a_loaded_pairs_draft_takes_the_drafts_products_and_the_output_stays_the_targets(tmp_path, monkeypatch):
+    """offspec.load marks the draft's QLinears (kernels.as_draft) and never the target's; model-drafted replies
+    equal the target's own greedy ones, whichever products the draft takes."""
+    import offspec
+    from helpers.tiny_gguf import save_tiny_gguf
+
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    legacy = {"linear": "Q5_0", "down": "Q8_0", "v": "Q8_0", "output": "Q8_0"}  # the 0.5B draft's kinds
+    target = save_tiny_gguf(tmp_path / "t.gguf", "qwen2", seed=0, layers=3, types=legacy)
+    draft = save_tiny_gguf(tmp_path / "d.gguf", "qwen2", seed=0, layers=3, types=legacy, noise=0.002)
+    replies = {}
+    for mode in ("auto", "exact"):
+        monkeypatch.setenv(kernels.DRAFT_PRODUCTS_VARIABLE, mode)
+        gen = offspec.load(str(target), str(draft), max_context=128, max_budget=16)
+        drafts = [m for m in gen.engine.drafter.runner.model.modules() if isinstance(m, QLinear)]
+        targets = [m for m in gen.engine.target.model.modules() if isinstance(m, QLinear)]
+        assert drafts and targets and not any(m.sums for m in targets)
+        assert all(m.sums for m in drafts) == (mode == "auto")
+        if mode == "auto":
+            assert any(m.kernel_type >= kernels.X16S_TYPES for m in drafts if m.interleaved)
+        plain = gen.generate("Hello there", max_new_tokens=16, speculate=False).token_ids
+        assert gen.generate("Hello there", max_new_tokens=16, budget=8, drafter="model").token_ids == plain
+        replies[mode] = plain
+    assert replies["auto"] == replies["exact"]

@@ -152,7 +152,7 @@ class SubsetHead(nn.Module):
         self._known = torch.zeros(vocab_size, dtype=torch.bool)  # (vocab_size,) host: which tokens have a row
         self._known[ids.cpu()] = True
         # the rows chosen at load interleaved for the CPU kernels, as a resident head's are (formats.kernels
-        # .interleave; the same bits); the rows admitted later stay row-major after them, computed apart
+        # .interleave); the rows admitted later stay row-major after them, computed apart
         self.static_interleaved = (self.type_id is not None and device.type == "cpu" and self.static >= 16
                                    and KERNEL_TYPES[self.type_id].name in kernels.X16_NAMES and kernels.interleaves())
         # a draft's head: its products as the draft's layers' (kernels.as_draft)
