@@ -391,29 +391,25 @@ constexpr int X16_TILE = 2;  // AVX2's 16 registers: 4 rows' accumulators spill 
 // `g0` of the weight) and every activation row.
 inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int64_t groups, const XSet& x, float* y,
                      int64_t ystride) {
+  const int64_t base = x16_base(type);
+  const bool sums = type >= X16S_TYPES;  // a draft's products (the legacy types' legacy_x16s)
   for (int64_t gi = 0; gi < groups; gi++)
     for (int64_t half = 0; half < X16_ROWS / VX16::LANES; half++) {
       const uint8_t* g = w + gi * X16_ROWS * rb;
       float* yg = y + gi * X16_ROWS + half * VX16::LANES;
       const int64_t first = (g0 + gi) * (x.K / 32);  // the group's first block in the weight (legacy types)
-      const int64_t base = x16_base(type);
-      if (x16_legacy(base) && type >= X16S_TYPES) {  // a draft's products
-        switch (base) {
-          case Q4_0: legacy_x16s<VX16, Q4_0>(g, first, half, x, yg, ystride); continue;
-          case Q4_1: legacy_x16s<VX16, Q4_1>(g, first, half, x, yg, ystride); continue;
-          case Q5_0: legacy_x16s<VX16, Q5_0>(g, first, half, x, yg, ystride); continue;
-          case Q5_1: legacy_x16s<VX16, Q5_1>(g, first, half, x, yg, ystride); continue;
-          case Q8_0: legacy_x16s<VX16, Q8_0>(g, first, half, x, yg, ystride); continue;
-          default: legacy_x16s<VX16, IQ4_NL>(g, first, half, x, yg, ystride); continue;
-        }
-      }
+      auto legacy = [&](auto T) {
+        constexpr int64_t t = decltype(T)::value;
+        if (sums) legacy_x16s<VX16, t>(g, first, half, x, yg, ystride);
+        else legacy_x16<VX16, t>(g, first, half, x, yg, ystride);
+      };
       switch (base) {
-        case Q4_0: legacy_x16<VX16, Q4_0>(g, first, half, x, yg, ystride); continue;
-        case Q4_1: legacy_x16<VX16, Q4_1>(g, first, half, x, yg, ystride); continue;
-        case Q5_0: legacy_x16<VX16, Q5_0>(g, first, half, x, yg, ystride); continue;
-        case Q5_1: legacy_x16<VX16, Q5_1>(g, first, half, x, yg, ystride); continue;
-        case Q8_0: legacy_x16<VX16, Q8_0>(g, first, half, x, yg, ystride); continue;
-        case IQ4_NL: legacy_x16<VX16, IQ4_NL>(g, first, half, x, yg, ystride); continue;
+        case Q4_0: legacy(std::integral_constant<int64_t, Q4_0>{}); continue;
+        case Q4_1: legacy(std::integral_constant<int64_t, Q4_1>{}); continue;
+        case Q5_0: legacy(std::integral_constant<int64_t, Q5_0>{}); continue;
+        case Q5_1: legacy(std::integral_constant<int64_t, Q5_1>{}); continue;
+        case Q8_0: legacy(std::integral_constant<int64_t, Q8_0>{}); continue;
+        case IQ4_NL: legacy(std::integral_constant<int64_t, IQ4_NL>{}); continue;
         default: break;
       }
       int64_t r = 0;
