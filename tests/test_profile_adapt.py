@@ -10,6 +10,7 @@ from offspec.config import TreeConfig
 from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
 from offspec.profile.curves import AcceptanceCurve, CostCurve
 from offspec.profile.planner import PairCosts, PlannerConfig, draft_seconds
+from offspec.profile.probe import ProbeConfig
 from offspec.types import PassStats
 
 BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -218,3 +219,119 @@ def test_a_prompts_catch_up_past_the_timed_draft_steps_is_not_taken_for_a_slower
 
     assert run(150).draft_time_scale == 1.0  # past the 8 nodes timed: not counted
     assert run(6).draft_time_scale == pytest.approx(3.0)  # within them: a slower draft, re-timed
+
+
+def hybrid_policy(**probe) -> AdaptiveBudget:
+    """A hybrid policy that gates suffix candidates: the model's tree pays at the profile's acceptance."""
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.07), (2, 0.075), (3, 0.08), (9, 0.1)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.02), (2, 0.021), (8, 0.03)]), suffix_seconds=0.0003)
+    acceptance = AcceptanceCurve.of((1, 2, 4, 8), [0.8, 1.4, 2.2, 3.0], model_share=0.3)
+    config = AdaptConfig(probe=ProbeConfig(**probe)) if probe else AdaptConfig()
+    return AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8), drafter="hybrid"), config,
+                          guard=None, gate_suffix=True)
+
+
+def model_passes(policy: AdaptiveBudget, accepted, n: int, caught_up: int = 2) -> list[TreeConfig]:
+    """`n` passes that ran the draft model, accepting accepted(i) tokens each; returns the trees asked for."""
+    trees = []
+    for i in range(n):
+        tree = policy.next_tree(TreeConfig(confident_budget=16))
+        trees.append(tree)
+        a = min(accepted(i), tree.budget)
+        policy.observe(PassStats(tree_size=tree.budget, accepted=a, emitted=a + 1, draft_seconds=0.0,
+                                 target_seconds=0.0, budget=tree.budget, drafter="hybrid",
+                                 caught_up=caught_up if i == 0 else 2))
+    return trees
+
+
+def idle_passes(policy: AdaptiveBudget, n: int, emitted: int = 1) -> list[TreeConfig]:
+    """`n` passes that took the suffix candidates alone (the model did not run), emitting `emitted` tokens each."""
+    trees = []
+    for _ in range(n):
+        tree = policy.next_tree(TreeConfig(confident_budget=16))
+        trees.append(tree)
+        if tree.model_expectation is None and tree.drafter == "hybrid":  # a probe pass: not scripted here
+            return trees
+        policy.observe(PassStats(tree_size=emitted - 1, accepted=emitted - 1, emitted=emitted, draft_seconds=0.0,
+                                 target_seconds=0.0, budget=tree.budget, drafter="suffix"))
+    return trees
+
+
+def test_a_model_the_estimate_turned_off_is_probed_again_and_comes_back():
+    """A window of prose that accepted little lowers the scale; the passes then take the suffix candidates alone
+    (they yield one token a pass). After `every` such passes a probe runs the model's tree for `passes` passes
+    (no expectation: the hybrid runs the model); what they accept becomes the scale, and `every` resets."""
+    policy = hybrid_policy()
+    assert policy.choosing and policy.probes
+    budget = policy.plan.best.budget
+    predicted = policy._expected_accepted(budget)
+    model_passes(policy, lambda i: 1 if i % 4 == 0 else 0, 16)  # a quarter of what the profile predicts, or less
+    assert policy.replans and policy.scale < 0.5 and policy.replans[-1].reason == "acceptance"
+    low = policy.scale
+    trees = idle_passes(policy, 40)  # the per-pass choice (the hybrid drafter's) took the suffix candidates alone
+    assert len(trees) == 33 and all(t.model_expectation is None for t in trees[-1:])  # the 33rd pass is a probe
+    assert trees[-1].budget == policy.plan.best.budget and trees[-1].drafter == "hybrid"
+    assert policy.probe.active and len(policy.window) == 0  # the window's passes predate the idle ones
+    assert policy.catch_ups and list(policy.catch_ups)[-1] == 2
+    # the probe: 8 model passes (the first catches up on the 32 idle tokens) that accept what the profile predicted
+    probe = model_passes(policy, lambda i: math.ceil(predicted) if i % 2 else math.floor(predicted), 8,
+                         caught_up=34)
+    assert all(t.model_expectation is None for t in probe[1:])  # the whole probe runs the model
+    assert not policy.probe.active and policy.replans[-1].reason == "probe"
+    assert policy.scale > max(0.9, low) and policy.probe.every == ProbeConfig().every
+    assert 34 not in policy.catch_ups  # a probe's catch-up is its own cost, not what a model pass owes
+    summary = policy.summary()["probe"]
+    assert summary["runs"] == 1 and summary["last"][0]["scale_after"] == round(policy.scale, 4)
+    assert policy.next_tree(TreeConfig()).model_expectation is not None  # the passes choose again
+
+
+def test_probes_that_measure_no_better_come_back_less_often_and_copies_need_none():
+    policy = hybrid_policy(every=4, passes=4, max_every=16)
+    model_passes(policy, lambda i: 0, 16)  # nothing accepted: the scale drops to its floor
+    assert policy.scale == AdaptConfig().min_scale and policy.probes
+    waits = []
+    for _ in range(4):
+        trees = idle_passes(policy, 100)
+        waits.append(len(trees) - 1)
+        model_passes(policy, lambda i: 0, 4)  # the probe accepts nothing again
+        assert policy.probe.runs[-1]["scale_after"] == AdaptConfig().min_scale
+    assert waits == [4, 8, 16, 16]  # every doubles while probes do not raise the estimate, up to max_every
+    # idle passes that yield more than the model would (a long copy) never start a probe
+    trees = idle_passes(policy, 100, emitted=6)
+    assert len(trees) == 100 and not policy.probe.active
+
+
+def test_a_probe_met_by_confident_copies_concludes_nothing():
+    policy = hybrid_policy(every=4, passes=4)
+    model_passes(policy, lambda i: 0, 16)
+    low, seen = policy.scale, policy.passes
+    idle_passes(policy, 100)
+    assert policy.probe.active
+    for _ in range(4):  # the hybrid met a confident copy each time: the suffix candidates alone, no model
+        tree = policy.next_tree(TreeConfig(confident_budget=16))
+        policy.observe(PassStats(tree_size=12, accepted=12, emitted=13, draft_seconds=0.0, target_seconds=0.0,
+                                 budget=tree.budget, drafter="suffix"))
+    assert not policy.probe.active and policy.scale == low and policy.probe.every == 4
+    assert policy.probe.runs[-1]["model_passes"] == 0 and policy.passes == seen  # the curve never saw them
+
+
+def test_a_plan_that_never_had_trees_is_trusted_and_a_model_policy_leaves_probes_to_its_guard():
+    never = slow_draft_policy()  # no gate_suffix, no re-plan: not probed
+    assert not never.probes
+    model = cpu_like_policy()
+    assert not model.probes and model.summary()["probe"] is None
+
+
+def test_a_probe_pass_is_lossless_on_the_tiny_pair(tiny_pair):
+    """Probe passes are hybrid passes without an expectation: the output stays the target's own."""
+    policy = hybrid_policy(every=2, passes=3)
+    saved_tree, saved_policy = tiny_pair.tree, tiny_pair.policy
+    try:
+        tiny_pair.policy, tiny_pair.tree = policy, policy.base_tree
+        plain = tiny_pair.generate("Hello", max_new_tokens=16, speculate=False)
+        policy.probe.left = 3  # a probe is running
+        auto = tiny_pair.generate("Hello", max_new_tokens=16)
+        assert auto.token_ids == plain.token_ids
+        assert len(policy.probe.runs) == 1 and {p.drafter for p in auto.passes[:3]} <= {"hybrid", "suffix"}
+    finally:
+        tiny_pair.tree, tiny_pair.policy = saved_tree, saved_policy
