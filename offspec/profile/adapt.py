@@ -21,14 +21,13 @@ candidates that pay alone, those where not), so copied code and the prose around
 
 Each pass's tree comes from `next_tree()` when `use_tree()` says so, so PassStats.budget shows the budget
 in force; `summary()` (also kept in `info.extra["budget_adaptive"]`) shows the scales, the observed vs
-predicted acceptance, the guard, the probes and the re-plans. When the plan predicts that no tree beats the target
+predicted acceptance, the guard and the re-plans. When the plan predicts that no tree beats the target
 alone (`speculates` is False), auto's passes run without a tree, except where the policy may gate suffix
 candidates (`gate_suffix`: the suffix and hybrid drafters; a plan for the suffix drafter alone is always gated):
-then each pass proposes the suffix candidates and keeps only those that pay for their place in the pass under the
-measured cost model (`pass_cost`, offspec/spec/gain.py), often none (a plain pass), all of a long copied run. An
-average acceptance curve says no tree pays; a copy of code that was given pays every time, and only a per-pass
-decision sees which is which. Where a hybrid policy stopped running the draft model, probes measure its acceptance
-again now and then (offspec/profile/probe.py).
+then each pass proposes the suffix candidates
+and keeps only those that pay for their place in the pass under the measured cost model (`pass_cost`,
+offspec/spec/gain.py), often none (a plain pass), all of a long copied run. An average acceptance curve says
+no tree pays; a copy of code that was given pays every time, and only a per-pass decision sees which is which.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ from offspec.types import PassStats
 from .curves import AcceptanceCurve
 from .guard import GuardConfig, SpeedGuard
 from .planner import PairCosts, Plan, PlannerConfig, draft_seconds, plan
-from .probe import ModelProbe, ProbeConfig
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,6 @@ class AdaptConfig:
     time_tolerance: float = 0.3  # relative change of a time scale (median observed / predicted) worth a re-plan
     min_time_scale: float = 0.1
     max_time_scale: float = 50.0
-    probe: ProbeConfig = ProbeConfig()  # a hybrid policy that stopped running the draft model measures it again
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ class Replan:
     scale: float  # new acceptance scale (observed / profile)
     observed: float  # mean accepted per pass in the window
     predicted: float  # what the profile predicted for the same passes (scale 1)
-    reason: str = "acceptance"  # or "timing", or "probe" (offspec/profile/probe.py)
+    reason: str = "acceptance"  # or "timing"
     draft_time_scale: float = 1.0  # observed / predicted draft seconds in force after this re-plan
     target_time_scale: float = 1.0
 
@@ -111,8 +108,6 @@ class AdaptiveBudget:
         self.timed_passes = 0  # passes with times (tree or not)
         self._last_timing_replan = 0
         self.guard = SpeedGuard(guard) if guard is not None else None  # None: trust the plan alone (tests)
-        self.probe = ModelProbe(config.probe)  # the draft model's acceptance measured again (offspec/profile/probe.py)
-        self._probe_pass = False  # the pass being observed is a probe pass
         self.extra = extra  # a dict (the generator's info.extra) where `summary()` is kept up to date, under `key`
         self.key = key
         self._publish()
@@ -149,7 +144,7 @@ class AdaptiveBudget:
         draft's time gets measured again; a plan that never had trees (the profile's) is trusted. Gated
         suffix passes always propose (the candidates that do not pay are dropped, all of them if need be)."""
         self._gated_pass = False  # set again by next_tree(): a pass that never reached observe() leaves nothing behind
-        self._guard_gated = self._probe_pass = False
+        self._guard_gated = False
         if self.gated or self.choosing:
             return True
         if self.guard is None:
@@ -172,10 +167,8 @@ class AdaptiveBudget:
 
     def next_tree(self, base: TreeConfig) -> TreeConfig:
         """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's.
-        Gated: the suffix drafter alone, up to `confident_budget` candidates, cut to what pays. A probe pass (see
-        offspec/profile/probe.py): the plan's tree with the draft model, whatever its estimate says."""
-        self._probe_pass = self._start_probe_pass()
-        self._gated_pass = (self.gated or self._guard_gated) and not self._probe_pass
+        Gated: the suffix drafter alone, up to `confident_budget` candidates, cut to what pays."""
+        self._gated_pass = self.gated or self._guard_gated
         if self._gated_pass:
             nodes = max(1, min(base.confident_budget or base.budget, self.planner.max_budget))
             return replace(base, budget=nodes, confident_budget=nodes, max_depth=nodes, drafter="suffix",
@@ -183,45 +176,12 @@ class AdaptiveBudget:
         best = self.plan.best
         cost = self.pass_cost(max(best.budget, base.confident_budget)) if self.gate_suffix else None
         expectation = None
-        if self.choosing and not self._probe_pass:
+        if self.choosing:
             costs = self.costs.scaled(draft=self.draft_time_scale, target=self.target_time_scale)
             draft = draft_seconds(costs, self.acceptance, best.budget, best.max_beams, best.max_depth, "model")
             expectation = (best.accepted, draft + self._catch_up_seconds(costs))
         return replace(base, budget=best.budget, max_beams=best.max_beams, max_depth=best.max_depth,
                        drafter=best.drafter, pass_cost=cost, model_expectation=expectation)
-
-    @property
-    def probes(self) -> bool:
-        """Whether this policy probes the draft model where it stopped running it: a hybrid policy that gates
-        suffix candidates, either choosing per pass or gated because a re-plan predicted no tree pays."""
-        return (self.gate_suffix and self.planner.drafter == "hybrid" and self.costs.draft_step is not None
-                and (self.choosing or (not self.plan.speculates and bool(self.replans))))
-
-    def _start_probe_pass(self) -> bool:
-        """Whether the next pass is a probe pass; a probe that starts now empties the acceptance window (what it
-        holds predates the passes that ran no model) so that the probe's passes are its measurement."""
-        if not self.probes:
-            return False
-        running = self.probe.active
-        if not self.probe.start_if_due(1.0 + self._expected_accepted(self.plan.best.budget)):
-            return False
-        if not running:
-            self.window.clear()
-        return True
-
-    def _end_probe(self) -> None:
-        """A probe is over: the scale becomes what its model passes measured (observed / predicted), where that
-        moved it by more than `tolerance`. No z test: the probe is the measurement asked for, and a wrong
-        estimate either way is probed again (a low one) or corrected by the window (a high one)."""
-        before = self.scale
-        if self.probe.conclusive():
-            observed, predicted, _ = self.probe.ratio()
-            r = min(self.config.max_scale, max(self.config.min_scale, observed / predicted))
-            if abs(r - self.scale) > self.config.tolerance * self.scale:
-                self.scale = r
-                self._last_replan = self.passes
-                self._replan("probe")
-        self.probe.finish(self.passes, before, self.scale)
 
     def _catch_up_seconds(self, costs: PairCosts) -> float:
         """What a hybrid pass with the model's tree pays on average, past the 2 tokens the plan counts, for the
@@ -240,38 +200,24 @@ class AdaptiveBudget:
 
     def observe(self, stats: PassStats) -> None:
         """One pass's statistics: a tree pass (tree_size > 0) or a pass of the target alone."""
-        probing, self._probe_pass = self._probe_pass, False
-        ran_model = stats.drafter in ("model", "hybrid") and stats.caught_up > 0
-        if ran_model:
-            # a conversation's prompt is no debt of the passes (only their tokens), and neither is what a probe's
-            # first model pass catches up on: the probe's cost, not what running the model costs a pass
-            if stats.drafter == "hybrid" and not (probing and not self.probe.measured):
+        if stats.drafter in ("model", "hybrid") and stats.caught_up > 0:  # the draft model ran
+            if stats.drafter == "hybrid":  # a conversation's prompt is no debt of the passes: only their tokens
                 self.catch_ups.append(min(stats.caught_up, 2 + self._unseen))
             self._unseen = 0
         else:
             self._unseen += stats.emitted
-        if probing:
-            self.probe.record(stats.accepted, self._expected_accepted(stats.budget), ran_model and stats.tree_size > 0)
-        elif ran_model:
-            self.probe.ran_model()
-        else:
-            self.probe.idle(stats.emitted)
-        self._observe_pass(stats, probing)
-        if probing and not self.probe.active:
-            self._end_probe()
-        self._publish()
-
-    def _observe_pass(self, stats: PassStats, probing: bool) -> None:
         if self._gated_pass:
             self._gated_pass = False
             self._observe_gated(stats)
             if self._guard_gated and (stats.draft_seconds > 0 or stats.target_seconds > 0):
                 self.guard.observe_plain(stats.draft_seconds + stats.target_seconds, 1.0 + stats.accepted)
             self._guard_gated = False
+            self._publish()
             return
-        if (self.choosing or probing) and stats.drafter == "suffix":  # the suffix candidates alone (the pass chose
-            self._observe_gated(stats)  # them, or a probe met a confident copy): their acceptance is the suffix
-            return  # drafter's (not the curve's), their time the target's
+        if self.choosing and stats.drafter == "suffix":  # the hybrid pass chose the suffix candidates alone: its
+            self._observe_gated(stats)  # acceptance is the suffix drafter's (not the curve's), its time the target's
+            self._publish()
+            return
         if stats.tree_size > stats.budget > 0:  # a confident suffix pass beyond the budget
             return  # (TreeConfig.confident_budget): the acceptance curve and the timing model are per budget
         tree = stats.tree_size > 0
@@ -279,11 +225,11 @@ class AdaptiveBudget:
             predicted = self._expected_accepted(stats.budget)
             self.window.append((stats.accepted, predicted))
             self.passes += 1
-            if (not probing and len(self.window) >= self.config.min_passes  # a probe's passes: _end_probe judges
-                    and self.passes - self._last_replan >= self.config.min_gap):
+            if len(self.window) >= self.config.min_passes and self.passes - self._last_replan >= self.config.min_gap:
                 self._maybe_replan()
         if stats.draft_seconds > 0 or stats.target_seconds > 0:  # zero times: not measured (scripted passes)
             self._observe_times(stats, tree)
+        self._publish()
 
     # -- timing -------------------------------------------------------------------------------
 
@@ -412,8 +358,7 @@ class AdaptiveBudget:
                 "gated_suffix": self.gated or (self.gate_suffix and self.guard is not None and not self.guard.trees_on),
                 "gated": {"passes": self.gated_passes, "with_tree": self.gated_trees, "accepted": self.gated_accepted},
                 "guard": self.guard.summary() if self.guard is not None else None,
-                "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]],
-                "probe": self.probe.summary() if self.probes or self.probe.runs else None}
+                "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]]}
 
     def _publish(self) -> None:
         if self.extra is not None:
