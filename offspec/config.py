@@ -24,17 +24,25 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def head_calls(positions: float, rows: int = 1) -> float:
+    """LM-head reads for `positions` walk positions where one call covers `rows` of them (the engine batches the
+    walk's likely rows where the head is row-invariant, `Engine.head_rows`): one read up to `rows` positions, then
+    in proportion (a smooth ceil); one per position where rows is 1."""
+    return positions if rows <= 1 else max(1.0, positions / rows)
+
+
 @dataclass(frozen=True)
 class PassCost:
-    """Seconds of one target pass: base + per_node * nodes, plus head per position of the acceptance walk.
+    """Seconds of one target pass: base + per_node * nodes, plus the LM head's calls for the acceptance walk.
     With `measured`, the nodes' share follows those points instead: (nodes, seconds above base), piecewise linear
     between them and past the last at its slope (a CPU's tile kernels cost nearly as much for 4 tokens as for 16,
     which no straight line through 1 and 16 says)."""
 
     base: float  # the pass over the root alone (the target alone's pass, without the head)
     per_node: float  # each tree node verified beside it
-    head: float = 0.0  # LM head and token choice, per accepted position and the bonus
+    head: float = 0.0  # LM head and token choice, per head call (see head_calls: per position where rows is 1)
     measured: tuple[tuple[int, float], ...] = ()  # (nodes, seconds above base), nodes increasing, from 0
+    head_rows: int = 1  # walk positions one head call covers
 
     def validate(self) -> "PassCost":
         if not all(math.isfinite(x) and x >= 0 for x in (self.base, self.per_node, self.head)) or self.base <= 0:
@@ -57,7 +65,7 @@ class PassCost:
         return s1 + max(0.0, (s1 - s0) / (n1 - n0)) * (nodes - n1)
 
     def seconds(self, nodes: int, expected_tokens: float) -> float:
-        return self.base + self.nodes_seconds(nodes) + self.head * expected_tokens
+        return self.base + self.nodes_seconds(nodes) + self.head * head_calls(expected_tokens, self.head_rows)
 
 
 @dataclass(frozen=True)

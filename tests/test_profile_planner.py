@@ -162,3 +162,36 @@ def test_sweeps_stop_when_compute_bound_and_probe_past_streaming(monkeypatch):
     fake_times(lambda n: 0.5 if n < 4 else 5.0)
     points, bound = timing.sweep(lambda n: n, cpu, timing.SweepConfig(repeats=1, max_call_seconds=1.0), "t", "t")
     assert [n for n, _ in points] == [1, 2, 4] and bound is None
+
+
+def test_a_head_that_covers_several_walk_positions_in_one_call_is_charged_by_calls():
+    """Where the LM head is row-invariant the engine computes the walk's likely rows in one call (HEAD_ROWS of them,
+    about one row's seconds on a CPU): a tree that accepts 2 tokens pays one head call, not 3."""
+    from offspec.config import PassCost, head_calls
+    from offspec.spec.engine import HEAD_ROWS
+
+    assert head_calls(3.0, 1) == 3.0 and head_calls(3.0, 4) == 1.0 and head_calls(6.0, 4) == 1.5
+    per_position = PairCosts(target_pass=CostCurve.of([(1, 0.03), (9, 0.05)]), target_head=0.01, draft_step=FREE_DRAFT)
+    batched = PairCosts(target_pass=per_position.target_pass, target_head=0.01, draft_step=FREE_DRAFT,
+                        head_rows=HEAD_ROWS)
+    acceptance = AcceptanceCurve.of((1, 2, 4, 8), [0.8, 1.6, 2.0, 2.4])
+    assert evaluate(per_position, acceptance, 2, 1, 8).target_seconds == pytest.approx(0.035 + 0.026)  # 2.6 calls
+    assert evaluate(batched, acceptance, 2, 1, 8).target_seconds == pytest.approx(0.035 + 0.01)  # one call
+    assert batched.autoregressive_seconds() == per_position.autoregressive_seconds() == pytest.approx(0.04)
+    assert batched.scaled(target=2.0).head_rows == HEAD_ROWS
+    # the per-pass cost model (suffix candidates, the hybrid's choice) charges the same way
+    cost = PassCost(base=0.03, per_node=0.0025, head=0.01, head_rows=HEAD_ROWS)
+    assert cost.seconds(2, 2.6) == pytest.approx(0.03 + 0.005 + 0.01)
+    assert PassCost(base=0.03, per_node=0.0025, head=0.01).seconds(2, 2.6) == pytest.approx(0.035 + 0.026)
+
+
+def test_the_engines_head_rows_reach_the_auto_policy_and_a_profile(tiny_pair):
+    from offspec.profile.store import costs_of
+    from offspec.spec.engine import HEAD_ROWS
+
+    engine = tiny_pair.engine
+    assert engine.head_rows == (HEAD_ROWS if engine.target.head_is_row_invariant else 1)
+    data = {"timings": {"target_pass": [[1, 0.03]], "target_head_seconds": 0.01}}
+    assert costs_of(data).head_rows == 1  # a profile from before head_rows: a call per position
+    data["timings"]["head_rows"] = 4
+    assert costs_of(data).head_rows == 4

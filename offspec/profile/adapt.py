@@ -163,7 +163,8 @@ class AdaptiveBudget:
         base = costs.target_pass(1)
         sizes = [k - 1 for k, _ in costs.target_pass.points if 1 < k <= nodes] + [nodes]
         measured = tuple((n, max(0.0, costs.target_pass(1 + n) - base)) for n in [0, *sorted(set(sizes))])
-        return PassCost(base=base, per_node=measured[-1][1] / nodes, head=costs.target_head, measured=measured)
+        return PassCost(base=base, per_node=measured[-1][1] / nodes, head=costs.target_head, measured=measured,
+                        head_rows=costs.head_rows)
 
     def next_tree(self, base: TreeConfig) -> TreeConfig:
         """The tree for the next pass: the planned budget, beams, depth and drafter; the branch stays the caller's.
@@ -244,7 +245,7 @@ class AdaptiveBudget:
                 # the draft's cache lagged (a prompt, or passes that ran no model): its first forward took more
                 # tokens than the 2 the model counts, which says nothing about the draft's speed
                 draft += costs.draft_step(stats.caught_up) - costs.draft_step(2)
-            target = costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head
+            target = costs.target_pass(stats.tree_size + 1) + costs.head_seconds(1 + stats.accepted)
             beyond = costs.draft_step is not None and stats.caught_up > costs.draft_step.largest  # a prompt's catch-up:
             # extrapolated past the sizes timed (a 150-token forward of the default draft took 1.55x the straight
             # line through its 8- and 64-node steps), it would be taken for a slower draft
@@ -269,7 +270,7 @@ class AdaptiveBudget:
             return
         costs = self.costs
         self._time_target(stats.target_seconds,
-                          costs.target_pass(stats.tree_size + 1) + (1 + stats.accepted) * costs.target_head)
+                          costs.target_pass(stats.tree_size + 1) + costs.head_seconds(1 + stats.accepted))
 
     def _time_target(self, observed: float, predicted: float) -> None:
         """One timed pass: the target's observed / predicted seconds join the window, which may re-time."""

@@ -297,7 +297,8 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
     finally:
         engine.forget()  # forget the calibration conversation
     timings = {"context_tokens": len(context), "target_pass": [[n, round(s, 7)] for n, s in target_points],
-               "target_head_seconds": round(head, 7), "calibration_depth": CALIBRATION_DEPTH,
+               "target_head_seconds": round(head, 7), "head_rows": engine.head_rows,
+               "calibration_depth": CALIBRATION_DEPTH,
                "compute_bound_from": bound, "suffix_propose_seconds": round(runs["suffix"].draft_seconds, 7)}
     if draft is not None:
         timings.update(draft_step=[[n, round(s, 7)] for n, s in draft_points], draft_propose=propose,

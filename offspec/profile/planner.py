@@ -3,8 +3,9 @@
     tokens/s(B, w, d) = (1 + accepted(B, d)) / (draft(B, w, d) + target(B))
 
 - accepted(B, d): mean accepted draft tokens per pass (the pass also emits one token of the target's own);
-- target(B) = pass(B + 1 tokens) + (1 + accepted) * head: one forward over the root and the B nodes, then
-  the acceptance walk computes the LM head on every node of the accepted path and the bonus position; a pass (and
+- target(B) = pass(B + 1 tokens) + head(1 + accepted): one forward over the root and the B nodes, then
+  the acceptance walk computes the LM head on every node of the accepted path and the bonus position (one call for
+  up to `head_rows` of them where the head is row-invariant, else a call each: `PairCosts.head_seconds`); a pass (and
   a draft step) is never faster than its tokens' matrix products at the device's usable FLOP/s (the FLOP term:
   past the sizes measured, a curve extrapolates, and a flat, link-bound curve would extrapolate flat);
 - draft(B, w, d) = step(2) + steps * step(w): the catch-up of the new tokens and the root's children, then
@@ -20,7 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from offspec.config import DRAFTERS, TreeConfig
+from offspec.config import DRAFTERS, TreeConfig, head_calls
 from offspec.errors import OffspecError
 
 from .curves import AcceptanceCurve, CostCurve
@@ -47,7 +48,7 @@ class PairCosts:
     """Measured (or projected) costs of the target and the draft under the current placement."""
 
     target_pass: CostCurve  # tokens in one target forward -> seconds
-    target_head: float  # seconds of the LM head + token choice, per position of the acceptance walk
+    target_head: float  # seconds of the LM head + token choice, per call (one call per position where head_rows is 1)
     draft_step: Optional[CostCurve]  # nodes expanded in one batched draft step -> seconds; None: no draft model
     draft_propose: Optional[CostCurve] = None  # budget -> seconds to grow a whole tree at the automatic beams
     expand_ratio: float = 1.0  # draft nodes expanded per tree node (growth also expands nodes trimmed later)
@@ -57,6 +58,14 @@ class PairCosts:
     # is faster than its tokens times this (the FLOP term: measured curves stop at some size; 0 = none known)
     target_flop_seconds: float = 0.0
     draft_flop_seconds: float = 0.0
+    # walk positions one LM-head call covers: the engine computes the walk's likely rows in one call where the head
+    # gives a row the same bits whatever the batch (offspec's CPU kernels: 4, one read of the head's weights for
+    # 1.0-1.25x the seconds of one row); 1 elsewhere (a head call per position)
+    head_rows: int = 1
+
+    def head_seconds(self, positions: float) -> float:
+        """The LM head's seconds over a walk of `positions` positions (the accepted path and the bonus)."""
+        return self.target_head * head_calls(positions, self.head_rows)
 
     def autoregressive_seconds(self) -> float:
         return self.target_pass_seconds(1) + self.target_head
@@ -184,7 +193,7 @@ def _model_tree_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: i
 def evaluate(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int,
              acceptance_scale: float = 1.0, drafter: str = "model") -> PlanPoint:
     accepted = min(acceptance(budget, depth) * acceptance_scale, float(budget), float(depth))
-    target = costs.target_pass_seconds(budget + 1) + (1.0 + accepted) * costs.target_head
+    target = costs.target_pass_seconds(budget + 1) + costs.head_seconds(1.0 + accepted)
     return PlanPoint(budget=budget, max_beams=beams, max_depth=depth, accepted=accepted,
                      draft_seconds=draft_seconds(costs, acceptance, budget, beams, depth, drafter),
                      target_seconds=target, drafter=drafter)

@@ -119,7 +119,8 @@ class Models(_Section):
 class Timings(_Section):
     context_tokens: Int0
     target_pass: Pairs = Field(description="[tokens, seconds] of one target forward")
-    target_head_seconds: Num = Field(description="LM head + token choice per walk position")
+    target_head_seconds: Num = Field(description="LM head + token choice, one call (of one walk position)")
+    head_rows: Int1 = Field(None, description="walk positions one LM-head call covers (absent: 1)")
     draft_step: Pairs = Field(None, description="[nodes expanded at once, seconds] of one draft step "
                                                           "(absent without a draft model)")
     draft_propose: Pairs = Field(None, description="[budget, seconds] to grow a whole tree (auto beams)")

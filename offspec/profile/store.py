@@ -220,7 +220,8 @@ def costs_of(data: dict, source: str = "profile") -> PairCosts:
                      calibration_depth=int(t.get("calibration_depth", 64)),
                      suffix_seconds=float(t.get("suffix_propose_seconds", 0.0)),
                      target_flop_seconds=float(t.get("target_flop_seconds", 0.0)),
-                     draft_flop_seconds=float(t.get("draft_flop_seconds", 0.0)))
+                     draft_flop_seconds=float(t.get("draft_flop_seconds", 0.0)),
+                     head_rows=int(t.get("head_rows") or 1))
 
 
 ACCEPTANCE_SECTIONS = {"model": "acceptance", "suffix": "acceptance_suffix", "hybrid": "acceptance_hybrid"}

@@ -109,6 +109,12 @@ class SpeculativeEngine:
         positions = root_pos + tree.depths[:n]  # (n,) siblings share a position
         return target.forward(tree.tokens[:n], positions, slots, visible), slots
 
+    @property
+    def head_rows(self) -> int:
+        """Walk positions one LM-head call covers at least (`_walk_logits`): HEAD_ROWS where the target's head is
+        row-invariant, else 1 (a call per position). The planner's cost model charges the head by calls."""
+        return HEAD_ROWS if self.target.head_is_row_invariant else 1
+
     def _walk_logits(self, hidden: torch.Tensor, parents: list[int], scores: torch.Tensor
                      ) -> Callable[[int], torch.Tensor]:
         """The target's logits at tree node i, for the walk. Where its LM head gives a row the same bits whatever
