@@ -195,3 +195,7 @@ def test_the_engines_head_rows_reach_the_auto_policy_and_a_profile(tiny_pair):
     assert costs_of(data).head_rows == 1  # a profile from before head_rows: a call per position
     data["timings"]["head_rows"] = 4
     assert costs_of(data).head_rows == 4
+    from offspec.profile.report import timings_table
+
+    data["timings"]["draft_step"] = [[1, 0.01]]
+    assert timings_table(data["timings"]).endswith("LM head + choice per call (up to 4 walk positions): 10.00 ms")

@@ -46,7 +46,9 @@ def timings_table(timings: dict) -> str:
     sizes = sorted(set(target) | set(draft))
     rows = [[str(n), f"{target[n] * 1e3:.1f}" if n in target else "", f"{draft[n] * 1e3:.1f}" if n in draft else ""]
             for n in sizes]
-    note = f"\nLM head + choice per walk position: {timings['target_head_seconds'] * 1e3:.2f} ms"
+    rows_per_call = timings.get("head_rows") or 1
+    per = "per walk position" if rows_per_call == 1 else f"per call (up to {rows_per_call} walk positions)"
+    note = f"\nLM head + choice {per}: {timings['target_head_seconds'] * 1e3:.2f} ms"
     if timings.get("compute_bound_from"):
         note += f"; the target pass is compute-bound from about {timings['compute_bound_from']} tokens"
     return _table(["tokens/nodes", "target pass ms", "draft step ms"], rows) + note
