@@ -125,7 +125,7 @@ def estimate_costs(generator, progress: ProgressFn = no_progress) -> tuple[PairC
     return PairCosts(target_pass=CostCurve.of(target_points), target_head=head,
                      draft_step=CostCurve.of(draft_points) if draft_points else None,
                      draft_propose=CostCurve.of(propose) if propose else None, expand_ratio=1.0,
-                     calibration_depth=CALIBRATION_DEPTH, suffix_seconds=suffix, head_rows=engine.head_rows), detail
+                     calibration_depth=CALIBRATION_DEPTH, suffix_seconds=suffix), detail
 
 
 def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
@@ -179,7 +179,6 @@ def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[Progre
         if "suffix_propose_seconds" not in data["timings"]:  # a profile from before suffix drafting
             context = generator.encode(ESTIMATE_CONTEXT)[-max(1, generator.engine.max_context // 2):]
             costs = replace(costs, suffix_seconds=suffix_seconds(generator, context))
-        costs = replace(costs, head_rows=generator.engine.head_rows)  # the engine's, also for a profile without it
         quick = ", quick" if data.get("quick") else ""
         source, basis = "profile", f"measured profile {path} ({data.get('created', 'undated')}{quick})"
         basis += _over_prior(curves, measured, pair)
@@ -199,6 +198,7 @@ def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[Progre
                     f"to measure this set-up")
             basis += f"; {note}"
             progress(ProgressEvent("stale-profile", note, 1, 1, finished=True))
+    costs = replace(costs, head_rows=generator.engine.head_rows)  # the engine's, also for a profile saved without it
     default = generator.tree.drafter
     policies = {}
     for mode in generator.engine.drafter.modes:  # a plan per drafter: `generate(..., drafter=...)` uses its own
