@@ -73,6 +73,42 @@ def test_noise_alone_does_not_replan():
     assert policy.plan.best.budget == start or abs(policy.scale - 1) <= 0.2 + 2 * policy.observed_scale()[1]
 
 
+def test_less_acceptance_is_planned_as_a_per_token_drift():
+    """Below the profile, the re-plan thins the curve (each drafted token kept with chance `keep` given the ones
+    before it): the window's passes are predicted what they took, and a one-node chain keeps more of its share than
+    the deeper trees the window measured (where one scale would take the same share of every budget)."""
+    extra = {}
+    policy = cpu_like_policy(extra)
+    start = policy.plan.best.budget
+    predicted = policy.acceptance(start)
+    feed(policy, lambda b, i: i % 2, AdaptConfig().min_passes)  # half a token a pass where nearly 2 were due
+    assert [r.reason for r in policy.replans] == ["acceptance"]
+    assert policy.scale < 0.5 and 0.0 < policy.keep < 1.0
+    assert policy.replans[0].keep == policy.keep and extra["budget_adaptive"]["acceptance_keep"] == round(policy.keep, 4)
+    taken = sum(w[0] for w in policy.window)
+    in_force = sum(policy._expected_accepted(b, d, policy.curve_in_force()) for _, _, b, d in policy.window)
+    assert in_force == pytest.approx(taken, rel=1e-3)
+    thinned = policy.curve_in_force()
+    assert thinned(1) / policy.acceptance(1) > thinned(start) / policy.acceptance(start)
+    assert predicted > 1.4 and policy.plan.best.budget < start
+
+
+def test_stopping_trees_waits_for_a_full_window():
+    """Without trees the draft model's acceptance is never measured again, so a re-plan that stops speculating waits
+    for `window` passes of evidence; a re-plan to another tree does not."""
+    costs = PairCosts(target_pass=CostCurve.of([(1, 0.1), (65, 0.12)]), target_head=0.0,
+                      draft_step=CostCurve.of([(1, 0.03), (64, 0.03)]))
+    acceptance = AcceptanceCurve.of((1, 2, 4, 8), [0.8, 1.4, 2.0, 2.4])
+    config = AdaptConfig()
+    policy = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8)), config, guard=None)
+    assert policy.speculates
+    feed(policy, lambda b, i: 0, config.window - 1)  # nothing accepted: the plan would stop, but not yet
+    assert policy.speculates and policy.replans == [] and policy.use_tree()
+    feed(policy, lambda b, i: 0, 1)
+    assert not policy.speculates and policy.replans[-1].reason == "acceptance" and policy.keep < 1.0
+    assert not policy.use_tree()
+
+
 def test_autoregressive_passes_are_ignored():
     policy = cpu_like_policy()
     policy.observe(PassStats(tree_size=0, accepted=0, emitted=1, draft_seconds=0, target_seconds=0.3, budget=0))
@@ -138,10 +174,9 @@ def test_a_hybrid_plan_times_the_model_only_in_the_passes_that_ran_it():
     policy = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8), drafter="hybrid"), AdaptConfig(),
                             guard=None, gate_suffix=True)
     assert policy.speculates and policy.plan.best.drafter == "hybrid"
-    best = policy.plan.best
-    model = draft_seconds(costs, acceptance, best.budget, best.max_beams, best.max_depth, "model")
     for i in range(60):
-        tree = policy.next_tree(TreeConfig())
+        tree = policy.next_tree(TreeConfig())  # the tree in force (acceptance re-plans move it: 1 of 3 accepted)
+        model = draft_seconds(costs, acceptance, tree.budget, tree.max_beams, tree.max_depth, "model")
         ran_model = i % 3 == 0  # the other passes were confident copies
         policy.observe(PassStats(tree_size=tree.budget, accepted=1, emitted=2, budget=tree.budget,
                                  draft_seconds=model if ran_model else 0.0002,

@@ -199,3 +199,19 @@ def test_the_engines_head_rows_reach_the_auto_policy_and_a_profile(tiny_pair):
 
     data["timings"]["draft_step"] = [[1, 0.01]]
     assert timings_table(data["timings"]).endswith("LM head + choice per call (up to 4 walk positions): 10.00 ms")
+
+
+def test_a_thinned_curve_keeps_each_accepted_token_given_the_ones_before_it():
+    """thinned(q): a calibration pass that accepted a tokens yields q + q^2 + ... + q^a, so a deep path loses more
+    of its tokens than a one-node chain; without samples, the mean takes the same closed form."""
+    curve = AcceptanceCurve.of((1, 2), [0.5, 1.0], samples=[[0, 0], [1, 2]])
+    half = curve.thinned(0.5)
+    assert half(1, 8) == pytest.approx(0.5 * 0.5)  # one pass of two: 0.5
+    assert half(2, 8) == pytest.approx((0.5 + 0.25) / 2)  # a chain of 2: 0.5 + 0.25
+    assert half(2, 1) == pytest.approx(0.5 / 2)  # capped at depth 1 first, then thinned
+    assert half(2, 8) / curve(2, 8) < half(1, 8) / curve(1, 8)  # deeper budgets keep a smaller share
+    assert curve.thinned(1.0)(2, 8) == curve(2, 8) and curve.thinned(1.0) == curve
+    bare = AcceptanceCurve.of((1, 4), [0.8, 2.0])  # no samples: the mean as one path
+    assert bare.thinned(0.5)(4) == pytest.approx(0.5 * (1 - 0.5 ** 2.0) / 0.5)
+    with pytest.raises(OffspecError, match="keep"):
+        curve.thinned(0.0)

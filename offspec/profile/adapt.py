@@ -2,10 +2,16 @@
 
 Acceptance: the profile's acceptance curve was measured on the calibration prompts; a conversation about
 code in Python accepts more, prose in another language less. The policy compares each pass's accepted count
-with the curve's prediction at the budget that pass used, over a sliding window, and models the drift as
-one scale on the whole curve: scale = sum(observed) / sum(predicted) (a ratio estimator). When the
-scale has moved by more than `tolerance` AND by more than `z` standard errors since the last plan, it
-re-plans with the new scale.
+with the curve's prediction at the budget that pass used, over a sliding window: scale = sum(observed) /
+sum(predicted) (a ratio estimator). When the scale has moved by more than `tolerance` AND by more than `z`
+standard errors since the last plan, it re-plans. A scale above 1 multiplies the whole curve. Below 1 the
+drift is taken per token (`AcceptanceCurve.thinned`): each drafted token is accepted `keep` times as often as
+at calibration given the ones before it, `keep` chosen so that the window's passes are predicted what they
+took; a deep path then loses more than a one-node chain, as prose against the code prior does (MT-Bench:
+chains of 1, 2, 3 nodes took 0.90, 0.77, 0.73 of the prior, where one scale takes the same share of each).
+A re-plan that would stop speculating waits for a full window (`window` passes): without trees the draft
+model's acceptance is never measured again, so that decision takes more evidence than any other (8 passes
+of a 3-node tree on the first MT-Bench question measured 0.38 of the prior, 24 passes over the questions 0.75).
 
 Timing: each pass's draft and target seconds are compared with what the cost model predicts for it. When
 the median ratio of a window moves by more than `time_tolerance` (another process took a core, a different
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -70,12 +76,14 @@ class Replan:
     observed: float  # mean accepted per pass in the window
     predicted: float  # what the profile predicted for the same passes (scale 1)
     reason: str = "acceptance"  # or "timing"
+    keep: float = 1.0  # the per-token drift planned with (AcceptanceCurve.thinned; 1 where the scale is >= 1)
     draft_time_scale: float = 1.0  # observed / predicted draft seconds in force after this re-plan
     target_time_scale: float = 1.0
 
     def as_dict(self) -> dict:
         return {"at_pass": self.at_pass, "reason": self.reason, "budget_from": self.budget_from,
-                "budget_to": self.budget_to, "scale": round(self.scale, 4), "observed": round(self.observed, 4),
+                "budget_to": self.budget_to, "scale": round(self.scale, 4), "keep": round(self.keep, 4),
+                "observed": round(self.observed, 4),
                 "predicted": round(self.predicted, 4), "draft_time_scale": round(self.draft_time_scale, 4),
                 "target_time_scale": round(self.target_time_scale, 4)}
 
@@ -94,8 +102,11 @@ class AdaptiveBudget:
         self.plan: Plan = plan(costs, acceptance, planner)
         self.initial_plan = self.plan
         self.base_tree = self.plan.tree()  # the generator applies this policy while its `tree` is this object
-        self.scale = 1.0
-        self.window: deque[tuple[int, float]] = deque(maxlen=config.window)  # (accepted, predicted at scale 1)
+        self.scale = 1.0  # observed / predicted acceptance in the window of the last acceptance re-plan
+        self.keep = 1.0  # ... as a per-token drift (below 1 only): the curve planned with is acceptance.thinned(keep)
+        self._thinned: Optional[AcceptanceCurve] = None  # curve_in_force()
+        # (accepted, predicted at scale 1, budget, max_depth) of each tree pass
+        self.window: deque[tuple[int, float, int, int]] = deque(maxlen=config.window)
         self.passes = 0  # tree passes observed
         self._last_replan = 0
         self.replans: list[Replan] = []
@@ -195,9 +206,21 @@ class AdaptiveBudget:
         step = costs.draft_step
         return statistics.fmean(max(0.0, step(c) - step(2)) for c in self.catch_ups)
 
-    def _expected_accepted(self, budget: int) -> float:
-        depth = self.plan.best.max_depth
-        return min(self.acceptance(budget, depth), float(budget), float(depth))
+    def _expected_accepted(self, budget: int, depth: Optional[int] = None, curve: Optional[AcceptanceCurve] = None,
+                           scale: float = 1.0) -> float:
+        """Accepted tokens a pass of `budget` nodes (depth cap: the plan's) is expected to take under `curve` (the
+        profile's) times `scale`; capped by the budget and depth."""
+        depth = self.plan.best.max_depth if depth is None else depth
+        return min((curve or self.acceptance)(budget, depth) * scale, float(budget), float(depth))
+
+    def curve_in_force(self) -> AcceptanceCurve:
+        """The acceptance curve the current plan assumes (before its uniform scale, `_plan_scale`)."""
+        if self._thinned is None or self._thinned.keep != self.keep:  # one per re-plan: its values are memoized
+            self._thinned = self.acceptance.thinned(self.keep) if self.keep < 1.0 else self.acceptance
+        return self._thinned
+
+    def _plan_scale(self) -> float:
+        return 1.0 if self.keep < 1.0 else self.scale
 
     def observe(self, stats: PassStats) -> None:
         """One pass's statistics: a tree pass (tree_size > 0) or a pass of the target alone."""
@@ -223,8 +246,8 @@ class AdaptiveBudget:
             return  # (TreeConfig.confident_budget): the acceptance curve and the timing model are per budget
         tree = stats.tree_size > 0
         if tree:
-            predicted = self._expected_accepted(stats.budget)
-            self.window.append((stats.accepted, predicted))
+            depth = self.plan.best.max_depth
+            self.window.append((stats.accepted, self._expected_accepted(stats.budget, depth), stats.budget, depth))
             self.passes += 1
             if len(self.window) >= self.config.min_passes and self.passes - self._last_replan >= self.config.min_gap:
                 self._maybe_replan()
@@ -252,7 +275,8 @@ class AdaptiveBudget:
             if draft > 0 and (drafter != "suffix" or best.drafter == "suffix") and not beyond:  # the model's time,
                 self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))  # where it ran
             if self.guard is not None:
-                expected = 1.0 + min(self._expected_accepted(stats.budget) * self.scale, float(stats.budget))
+                expected = 1.0 + self._expected_accepted(stats.budget, curve=self.curve_in_force(),
+                                                         scale=self._plan_scale())
                 self.guard.observe_tree(stats.draft_seconds + stats.target_seconds, expected)
         else:
             target = costs.autoregressive_seconds()
@@ -315,43 +339,74 @@ class AdaptiveBudget:
     def observed_scale(self) -> tuple[float, float]:
         """(scale, standard error) from the window: sum(observed) / sum(predicted)."""
         n = len(self.window)
-        total_pred = sum(p for _, p in self.window)
+        total_pred = sum(w[1] for w in self.window)
         if n == 0 or total_pred <= 0:
             return self.scale, math.inf
-        r = sum(a for a, _ in self.window) / total_pred
-        residuals = [a - r * p for a, p in self.window]
+        r = sum(w[0] for w in self.window) / total_pred
+        residuals = [w[0] - r * w[1] for w in self.window]
         sd = math.sqrt(sum(x * x for x in residuals) / max(1, n - 1))
         se = sd / (math.sqrt(n) * (total_pred / n))
         return r, max(se, 1e-9)
+
+    def observed_keep(self) -> float:
+        """The per-token drift (`AcceptanceCurve.thinned`) under which the window's passes are predicted what
+        they took in all (1 where they took as much as the profile predicts, or more). Bisection: the thinned
+        curve grows with `keep`."""
+        taken = sum(w[0] for w in self.window)
+        passes = Counter((b, d) for _, _, b, d in self.window)  # (budget, depth) -> passes
+
+        def predicted(q: float) -> float:
+            curve = self.acceptance.thinned(q)
+            return sum(n * self._expected_accepted(b, d, curve) for (b, d), n in passes.items())
+
+        if not self.window or taken >= predicted(1.0):
+            return 1.0
+        lo, hi = 1e-3, 1.0
+        for _ in range(30):  # to 1e-9
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if predicted(mid) < taken else (lo, mid)
+        return max(lo, self.config.min_scale)
 
     def _maybe_replan(self) -> None:
         r, se = self.observed_scale()
         change = abs(r - self.scale)
         if change <= self.config.tolerance * self.scale or change <= self.config.z * se:
             return
-        self.scale = min(self.config.max_scale, max(self.config.min_scale, r))
+        scale = min(self.config.max_scale, max(self.config.min_scale, r))
+        keep = self.observed_keep() if scale < 1.0 else 1.0
+        candidate = self._plan_with(scale, keep)
+        if self.plan.speculates and not candidate.speculates and len(self.window) < self.config.window:
+            return  # stopping trees needs a full window (see the module doc)
+        self.scale, self.keep = scale, keep
         self._last_replan = self.passes
-        self._replan("acceptance")
+        self._replan("acceptance", candidate)
 
-    def _replan(self, reason: str) -> None:
-        old = self.plan.best.budget
+    def _plan_with(self, scale: float, keep: float) -> Plan:
         costs = self.costs.scaled(draft=self.draft_time_scale, target=self.target_time_scale)
-        self.plan = plan(costs, self.acceptance, self.planner, acceptance_scale=self.scale)
+        if keep < 1.0:
+            return replace(plan(costs, self.acceptance.thinned(keep), self.planner), acceptance_scale=scale)
+        return plan(costs, self.acceptance, self.planner, acceptance_scale=scale)
+
+    def _replan(self, reason: str, new: Optional[Plan] = None) -> None:
+        old = self.plan.best.budget
+        self.plan = new if new is not None else self._plan_with(self.scale, self.keep)
         if self.guard is not None and self.plan.best.budget != old:
             self.guard.forget_trees()
         n = len(self.window)
-        observed = sum(a for a, _ in self.window) / n if n else 0.0
-        predicted = sum(p for _, p in self.window) / n if n else 0.0
+        observed = sum(w[0] for w in self.window) / n if n else 0.0
+        predicted = sum(w[1] for w in self.window) / n if n else 0.0
         self.replans.append(Replan(self.passes, old, self.plan.best.budget, self.scale, observed, predicted,
-                                   reason, self.draft_time_scale, self.target_time_scale))
+                                   reason, self.keep, self.draft_time_scale, self.target_time_scale))
 
     def summary(self) -> dict:
         n = len(self.window)
         return {"drafter": self.plan.best.drafter, "budget": self.plan.best.budget,
                 "max_beams": self.plan.best.max_beams,
                 "max_depth": self.plan.best.max_depth, "acceptance_scale": round(self.scale, 4),
-                "observed_accepted": round(sum(a for a, _ in self.window) / n, 4) if n else None,
-                "predicted_accepted": round(self.scale * sum(p for _, p in self.window) / n, 4) if n else None,
+                "acceptance_keep": round(self.keep, 4),
+                "observed_accepted": round(sum(w[0] for w in self.window) / n, 4) if n else None,
+                "predicted_accepted": round(sum(self._expected_accepted(b, d, self.curve_in_force(), self._plan_scale())
+                                                for _, _, b, d in self.window) / n, 4) if n else None,
                 "predicted_tokens_per_second": round(self.plan.best.tokens_per_second, 4),
                 "draft_time_scale": round(self.draft_time_scale, 4),
                 "target_time_scale": round(self.target_time_scale, 4),

@@ -9,7 +9,7 @@ so the planner cannot pick a budget for a benefit nobody measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 from offspec.errors import OffspecError
@@ -72,6 +72,8 @@ class AcceptanceCurve:
     `depths` (optional) is the mean deepest tree level at each budget (how many draft steps a tree needs).
     `model_share` (hybrid drafting): the share of passes in which the draft model ran (the others took
     the suffix candidates alone, SuffixDecoding's adaptive speculation); 1 for the model drafter.
+    `keep` (online adaptation, `thinned`): each accepted token of a calibration pass kept with this chance given
+    the ones before it, so a path of a accepted tokens yields sum_{k<=a} keep^k (1: the curve as measured).
     """
 
     budgets: tuple[int, ...]
@@ -79,6 +81,9 @@ class AcceptanceCurve:
     depths: tuple[float, ...] = ()
     samples: tuple[tuple[int, ...], ...] = ()
     model_share: float = 1.0
+    keep: float = 1.0
+    # max_depth -> _values(max_depth): the policy asks for the same few caps on every pass (its own, not compared)
+    _memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def of(cls, budgets: Sequence[int], accepted: Sequence[float], depths: Sequence[float] = (),
@@ -102,13 +107,35 @@ class AcceptanceCurve:
         return cls(budgets, tuple(monotone), tuple(float(d) for d in depths),
                    tuple(tuple(int(x) for x in s) for s in samples), float(model_share))
 
+    def thinned(self, keep: float) -> "AcceptanceCurve":
+        """This curve where each drafted token is accepted `keep` times as often as at calibration, given the
+        tokens before it on its path (prose after code: the draft agrees less). A uniform scale of the mean
+        takes as much from a one-node chain as from a deep tree; here a path loses more the deeper it goes, as
+        the acceptance of chains 1 to 3 on MT-Bench against the code prior did (docs/design/planning.md)."""
+        if not 0.0 < keep <= 1.0:
+            raise OffspecError(f"keep must be in (0, 1], got {keep}")
+        return replace(self, keep=float(keep))
+
+    def _kept(self, accepted: float) -> float:
+        """sum_{k=1}^{a} keep^k: what a path of `accepted` tokens yields when each is kept with chance `keep`
+        (fractional a: the same closed form)."""
+        q = self.keep
+        if q >= 1.0:
+            return accepted
+        return q * (1.0 - q ** accepted) / (1.0 - q)
+
     def _values(self, max_depth: Optional[int]) -> tuple[float, ...]:
-        if max_depth is None:
-            return self.accepted
-        if self.samples:
+        values = self._memo.get(max_depth)
+        if values is None:
+            values = self._memo[max_depth] = self._compute(max_depth)
+        return values
+
+    def _compute(self, max_depth: Optional[int]) -> tuple[float, ...]:
+        cap = math.inf if max_depth is None else max_depth
+        if self.samples and (max_depth is not None or self.keep < 1.0):
             n = len(self.samples)
-            return tuple(sum(min(s[i], max_depth) for s in self.samples) / n for i in range(len(self.budgets)))
-        return tuple(min(a, float(max_depth)) for a in self.accepted)
+            return tuple(sum(self._kept(min(s[i], cap)) for s in self.samples) / n for i in range(len(self.budgets)))
+        return tuple(self._kept(min(a, cap)) for a in self.accepted)
 
     def __call__(self, budget: float, max_depth: Optional[int] = None) -> float:
         """Interpolated in log2(budget); 0 at budget 0; flat past the largest budget measured."""
