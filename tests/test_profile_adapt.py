@@ -84,9 +84,10 @@ def test_less_acceptance_is_planned_as_a_per_token_drift():
     feed(policy, lambda b, i: i % 2, AdaptConfig().min_passes)  # half a token a pass where nearly 2 were due
     assert [r.reason for r in policy.replans] == ["acceptance"]
     assert policy.scale < 0.5 and 0.0 < policy.keep < 1.0
-    assert policy.replans[0].keep == policy.keep and extra["budget_adaptive"]["acceptance_keep"] == round(policy.keep, 4)
+    assert policy.replans[0].keep == policy.keep
+    assert extra["budget_adaptive"]["acceptance_keep"] == round(policy.keep, 4)
     taken = sum(w[0] for w in policy.window)
-    in_force = sum(policy._expected_accepted(b, d, policy.curve_in_force()) for _, _, b, d in policy.window)
+    in_force = sum(policy._expected_accepted(b, d, policy.curve_in_force()) for *_, b, d in policy.window)
     assert in_force == pytest.approx(taken, rel=1e-3)
     thinned = policy.curve_in_force()
     assert thinned(1) / policy.acceptance(1) > thinned(start) / policy.acceptance(start)

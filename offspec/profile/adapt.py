@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -48,6 +48,7 @@ from offspec.config import PassCost, TreeConfig
 from offspec.types import PassStats
 
 from .curves import AcceptanceCurve
+from .drift import WindowPass, expected_accepted, per_token_keep, ratio_scale
 from .guard import GuardConfig, SpeedGuard
 from .planner import PairCosts, Plan, PlannerConfig, draft_seconds, plan
 
@@ -105,8 +106,7 @@ class AdaptiveBudget:
         self.scale = 1.0  # observed / predicted acceptance in the window of the last acceptance re-plan
         self.keep = 1.0  # ... as a per-token drift (below 1 only): the curve planned with is acceptance.thinned(keep)
         self._thinned: Optional[AcceptanceCurve] = None  # curve_in_force()
-        # (accepted, predicted at scale 1, budget, max_depth) of each tree pass
-        self.window: deque[tuple[int, float, int, int]] = deque(maxlen=config.window)
+        self.window: deque[WindowPass] = deque(maxlen=config.window)  # the recent tree passes
         self.passes = 0  # tree passes observed
         self._last_replan = 0
         self.replans: list[Replan] = []
@@ -208,10 +208,9 @@ class AdaptiveBudget:
 
     def _expected_accepted(self, budget: int, depth: Optional[int] = None, curve: Optional[AcceptanceCurve] = None,
                            scale: float = 1.0) -> float:
-        """Accepted tokens a pass of `budget` nodes (depth cap: the plan's) is expected to take under `curve` (the
-        profile's) times `scale`; capped by the budget and depth."""
-        depth = self.plan.best.max_depth if depth is None else depth
-        return min((curve or self.acceptance)(budget, depth) * scale, float(budget), float(depth))
+        """`drift.expected_accepted` under `curve` (the profile's) and the plan's depth cap unless given."""
+        return expected_accepted(curve or self.acceptance, budget, self.plan.best.max_depth if depth is None else depth,
+                                 scale)
 
     def curve_in_force(self) -> AcceptanceCurve:
         """The acceptance curve the current plan assumes (before its uniform scale, `_plan_scale`)."""
@@ -247,7 +246,8 @@ class AdaptiveBudget:
         tree = stats.tree_size > 0
         if tree:
             depth = self.plan.best.max_depth
-            self.window.append((stats.accepted, self._expected_accepted(stats.budget, depth), stats.budget, depth))
+            self.window.append(WindowPass(stats.accepted, self._expected_accepted(stats.budget, depth), stats.budget,
+                                          depth))
             self.passes += 1
             if len(self.window) >= self.config.min_passes and self.passes - self._last_replan >= self.config.min_gap:
                 self._maybe_replan()
@@ -337,35 +337,12 @@ class AdaptiveBudget:
     # -- acceptance ---------------------------------------------------------------------------
 
     def observed_scale(self) -> tuple[float, float]:
-        """(scale, standard error) from the window: sum(observed) / sum(predicted)."""
-        n = len(self.window)
-        total_pred = sum(w[1] for w in self.window)
-        if n == 0 or total_pred <= 0:
-            return self.scale, math.inf
-        r = sum(w[0] for w in self.window) / total_pred
-        residuals = [w[0] - r * w[1] for w in self.window]
-        sd = math.sqrt(sum(x * x for x in residuals) / max(1, n - 1))
-        se = sd / (math.sqrt(n) * (total_pred / n))
-        return r, max(se, 1e-9)
+        """(scale, standard error) from the window (`drift.ratio_scale`); the scale in force where it has none."""
+        return ratio_scale(self.window) or (self.scale, math.inf)
 
     def observed_keep(self) -> float:
-        """The per-token drift (`AcceptanceCurve.thinned`) under which the window's passes are predicted what
-        they took in all (1 where they took as much as the profile predicts, or more). Bisection: the thinned
-        curve grows with `keep`."""
-        taken = sum(w[0] for w in self.window)
-        passes = Counter((b, d) for _, _, b, d in self.window)  # (budget, depth) -> passes
-
-        def predicted(q: float) -> float:
-            curve = self.acceptance.thinned(q)
-            return sum(n * self._expected_accepted(b, d, curve) for (b, d), n in passes.items())
-
-        if not self.window or taken >= predicted(1.0):
-            return 1.0
-        lo, hi = 1e-3, 1.0
-        for _ in range(30):  # to 1e-9
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if predicted(mid) < taken else (lo, mid)
-        return max(lo, self.config.min_scale)
+        """The per-token drift of the window (`drift.per_token_keep`, no less than `min_scale`)."""
+        return per_token_keep(self.window, self.acceptance, self.config.min_scale)
 
     def _maybe_replan(self) -> None:
         r, se = self.observed_scale()
@@ -393,8 +370,8 @@ class AdaptiveBudget:
         if self.guard is not None and self.plan.best.budget != old:
             self.guard.forget_trees()
         n = len(self.window)
-        observed = sum(w[0] for w in self.window) / n if n else 0.0
-        predicted = sum(w[1] for w in self.window) / n if n else 0.0
+        observed = sum(w.accepted for w in self.window) / n if n else 0.0
+        predicted = sum(w.predicted for w in self.window) / n if n else 0.0
         self.replans.append(Replan(self.passes, old, self.plan.best.budget, self.scale, observed, predicted,
                                    reason, self.keep, self.draft_time_scale, self.target_time_scale))
 
@@ -404,9 +381,10 @@ class AdaptiveBudget:
                 "max_beams": self.plan.best.max_beams,
                 "max_depth": self.plan.best.max_depth, "acceptance_scale": round(self.scale, 4),
                 "acceptance_keep": round(self.keep, 4),
-                "observed_accepted": round(sum(w[0] for w in self.window) / n, 4) if n else None,
-                "predicted_accepted": round(sum(self._expected_accepted(b, d, self.curve_in_force(), self._plan_scale())
-                                                for _, _, b, d in self.window) / n, 4) if n else None,
+                "observed_accepted": round(sum(w.accepted for w in self.window) / n, 4) if n else None,
+                "predicted_accepted": round(sum(self._expected_accepted(w.budget, w.depth, self.curve_in_force(),
+                                                                        self._plan_scale()) for w in self.window) / n,
+                                            4) if n else None,
                 "predicted_tokens_per_second": round(self.plan.best.tokens_per_second, 4),
                 "draft_time_scale": round(self.draft_time_scale, 4),
                 "target_time_scale": round(self.target_time_scale, 4),
