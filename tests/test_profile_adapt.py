@@ -7,6 +7,7 @@ import pytest
 
 from offspec.cli.bench import parse_setups, run_bench
 from offspec.config import TreeConfig
+from offspec.profile import adapt, planner
 from offspec.profile.adapt import AdaptConfig, AdaptiveBudget
 from offspec.profile.curves import AcceptanceCurve, CostCurve
 from offspec.profile.planner import PairCosts, PlannerConfig, draft_seconds
@@ -94,17 +95,20 @@ def test_less_acceptance_is_planned_as_a_per_token_drift():
     assert predicted > 1.4 and policy.plan.best.budget < start
 
 
-def test_stopping_trees_waits_for_a_full_window():
+def test_stopping_trees_waits_for_a_full_window(monkeypatch):
     """Without trees the draft model's acceptance is never measured again, so a re-plan that stops speculating waits
-    for `window` passes of evidence; a re-plan to another tree does not."""
+    for `window` passes of evidence, searching no plan on the passes in between."""
     costs = PairCosts(target_pass=CostCurve.of([(1, 0.1), (65, 0.12)]), target_head=0.0,
                       draft_step=CostCurve.of([(1, 0.03), (64, 0.03)]))
     acceptance = AcceptanceCurve.of((1, 2, 4, 8), [0.8, 1.4, 2.0, 2.4])
     config = AdaptConfig()
     policy = AdaptiveBudget(costs, acceptance, PlannerConfig(budgets=(1, 2, 4, 8)), config, guard=None)
     assert policy.speculates
+    searches = []
+    monkeypatch.setattr(adapt, "plan", lambda *a, **k: searches.append(1) or planner.plan(*a, **k))
     feed(policy, lambda b, i: 0, config.window - 1)  # nothing accepted: the plan would stop, but not yet
     assert policy.speculates and policy.replans == [] and policy.use_tree()
+    assert len(searches) == 1  # the candidate of the first judged pass (the min_passes-th), none after it
     feed(policy, lambda b, i: 0, 1)
     assert not policy.speculates and policy.replans[-1].reason == "acceptance" and policy.keep < 1.0
     assert not policy.use_tree()

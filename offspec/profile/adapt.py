@@ -109,6 +109,7 @@ class AdaptiveBudget:
         self.window: deque[WindowPass] = deque(maxlen=config.window)  # the recent tree passes
         self.passes = 0  # tree passes observed
         self._last_replan = 0
+        self._stop_deferred_until = 0  # tree passes observed when a deferred stop is judged again
         self.replans: list[Replan] = []
         # timing: observed / predicted seconds per pass, and the scales the current plan assumes
         self.draft_ratios: deque[tuple[int, float]] = deque(maxlen=config.time_window)  # (timed pass, ratio)
@@ -345,6 +346,8 @@ class AdaptiveBudget:
         return per_token_keep(self.window, self.acceptance, self.config.min_scale)
 
     def _maybe_replan(self) -> None:
+        if self.passes < self._stop_deferred_until:
+            return  # a stop waits for its full window (below): no plan to search on each pass until then
         r, se = self.observed_scale()
         change = abs(r - self.scale)
         if change <= self.config.tolerance * self.scale or change <= self.config.z * se:
@@ -353,6 +356,7 @@ class AdaptiveBudget:
         keep = self.observed_keep() if scale < 1.0 else 1.0
         candidate = self._plan_with(scale, keep)
         if self.plan.speculates and not candidate.speculates and len(self.window) < self.config.window:
+            self._stop_deferred_until = self.passes + self.config.window - len(self.window)
             return  # stopping trees needs a full window (see the module doc)
         self.scale, self.keep = scale, keep
         self._last_replan = self.passes
