@@ -215,8 +215,12 @@ class AdaptiveBudget:
 
     def curve_in_force(self) -> AcceptanceCurve:
         """The acceptance curve the current plan assumes (before its uniform scale, `_plan_scale`)."""
-        if self._thinned is None or self._thinned.keep != self.keep:  # one per re-plan: its values are memoized
-            self._thinned = self.acceptance.thinned(self.keep) if self.keep < 1.0 else self.acceptance
+        return self._curve(self.keep)
+
+    def _curve(self, keep: float) -> AcceptanceCurve:
+        """The profile's curve thinned by `keep` (itself at 1); the last one is kept: its values are memoized."""
+        if self._thinned is None or self._thinned.keep != keep:
+            self._thinned = self.acceptance.thinned(keep) if keep < 1.0 else self.acceptance
         return self._thinned
 
     def _plan_scale(self) -> float:
@@ -364,9 +368,9 @@ class AdaptiveBudget:
 
     def _plan_with(self, scale: float, keep: float) -> Plan:
         costs = self.costs.scaled(draft=self.draft_time_scale, target=self.target_time_scale)
-        if keep < 1.0:
-            return replace(plan(costs, self.acceptance.thinned(keep), self.planner), acceptance_scale=scale)
-        return plan(costs, self.acceptance, self.planner, acceptance_scale=scale)
+        thinned = keep < 1.0  # the drift is in the curve; the plan still reports the observed scale
+        found = plan(costs, self._curve(keep), self.planner, acceptance_scale=1.0 if thinned else scale)
+        return replace(found, acceptance_scale=scale)
 
     def _replan(self, reason: str, new: Optional[Plan] = None) -> None:
         old = self.plan.best.budget

@@ -25,6 +25,7 @@ from offspec.config import DRAFTERS, TreeConfig, head_calls
 from offspec.errors import OffspecError
 
 from .curves import AcceptanceCurve, CostCurve
+from .drift import expected_accepted
 
 # Candidate tree shapes, in one place. Budgets: about 1.5x apart, so the best grid point is within ~20%
 # of the best budget; tokens/s is flat near its optimum, so this costs little.
@@ -192,7 +193,7 @@ def _model_tree_seconds(costs: PairCosts, acceptance: AcceptanceCurve, budget: i
 
 def evaluate(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: int, depth: int,
              acceptance_scale: float = 1.0, drafter: str = "model") -> PlanPoint:
-    accepted = min(acceptance(budget, depth) * acceptance_scale, float(budget), float(depth))
+    accepted = expected_accepted(acceptance, budget, depth, acceptance_scale)
     target = costs.target_pass_seconds(budget + 1) + costs.head_seconds(1.0 + accepted)
     return PlanPoint(budget=budget, max_beams=beams, max_depth=depth, accepted=accepted,
                      draft_seconds=draft_seconds(costs, acceptance, budget, beams, depth, drafter),
