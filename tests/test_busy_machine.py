@@ -58,6 +58,7 @@ class FakeCpu:
     def __init__(self):
         self.wall = self.busy = self.own_time = 0.0
         self.others, self.own = 0.0, 1.0
+        self.reads = 0
 
     def advance(self, seconds: float) -> None:
         self.wall += seconds
@@ -65,19 +66,24 @@ class FakeCpu:
         self.own_time += seconds * self.own
 
     def read(self, cpus) -> CpuSample:
+        self.reads += 1
         return CpuSample(self.wall, self.busy, self.own_time)
+
+    def clock(self) -> float:
+        return self.wall
 
 
 def test_governor_sizes_threads_to_the_cores_other_processes_leave():
     cpu, threads = FakeCpu(), [2]
-    gov = ThreadGovernor(max_threads=2, cpus=[0, 1], read=cpu.read, set_threads=lambda n: threads.__setitem__(0, n),
-                         get_threads=lambda: threads[0])
+    gov = ThreadGovernor(max_threads=2, cpus=[0, 1], read=cpu.read, clock=cpu.clock,
+                         set_threads=lambda n: threads.__setitem__(0, n), get_threads=lambda: threads[0])
     cpu.advance(5.0)
     assert gov.update(force=True) is False and threads == [2]  # quiet machine: both cores
     cpu.others = 1.0  # a CPU hog starts on one core
     for _ in range(3):
         cpu.advance(1.0)
-        assert gov.update() is False  # sampled at most every interval (2 s)
+        reads = cpu.reads
+        assert gov.update() is False and cpu.reads == reads  # sampled at most every interval (2 s): not read
         cpu.advance(1.5)
         gov.update()
     assert threads == [1] and gov.others == pytest.approx(1.0, abs=0.2)
@@ -96,8 +102,8 @@ def test_governor_sizes_threads_to_the_cores_other_processes_leave():
 
 def test_governor_never_goes_above_the_configured_threads():
     cpu, threads = FakeCpu(), [1]
-    gov = ThreadGovernor(max_threads=1, cpus=[0, 1], read=cpu.read, set_threads=lambda n: threads.__setitem__(0, n),
-                         get_threads=lambda: threads[0])
+    gov = ThreadGovernor(max_threads=1, cpus=[0, 1], read=cpu.read, clock=cpu.clock,
+                         set_threads=lambda n: threads.__setitem__(0, n), get_threads=lambda: threads[0])
     cpu.advance(10)
     gov.update(force=True)
     assert threads == [1] and gov.wanted() == 1  # e.g. OMP_NUM_THREADS=1 is a ceiling

@@ -151,6 +151,24 @@ def test_a_rebound_weight_rebuilds_the_stack(cache, ggufs):
     assert layer1.tensors[16] is q._buffers["qweight"] and layer1.types[7] == q.type_id  # layer 1's q: row-major
 
 
+def test_a_weight_laid_out_anew_in_place_rebuilds_the_stack(cache, ggufs):
+    """A kernel type that changes while its tensor stays (a draft's products marked on interleaved rows, as
+    `kernels.as_draft` does in place) is seen at the next pass too."""
+    runner = _target(ggufs["legacy"])
+    _causal(runner, PROMPT, [len(PROMPT)])
+    first = runner.body._offspec_stack
+    q = runner.model.model.layers[1].self_attn.q_proj
+    if not q.interleaved:
+        pytest.skip("these kernels keep the rows row-major (no AVX2): no interleaved type to mark")
+    q.sums = not q.sums
+    try:
+        _causal(runner, PROMPT, [len(PROMPT)])
+        assert runner.body._offspec_stack is not first and runner.body._offspec_stack.types[7] == q.kernel_type
+        assert runner.body._offspec_stack.tensors[16] is q._buffers["qweight"]  # the same tensor, another type
+    finally:
+        q.sums = not q.sums
+
+
 def test_a_row_ignores_the_keys_it_may_not_see(cache, ggufs):
     """Siblings in one pass (the same position, a tree's two branches) each attend to the prefix alone."""
     runner = _target(ggufs["llama"])

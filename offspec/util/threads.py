@@ -97,13 +97,15 @@ class ThreadGovernor:
     """Keeps torch's thread count at the cores other processes leave free (within [1, max_threads]).
 
     `update()` between passes: at most every `interval` seconds it samples the CPU times and, when the
-    smoothed load of the other processes calls for another count, sets it and returns True."""
+    smoothed load of the other processes calls for another count, sets it and returns True. In between it reads
+    only `clock`: a sample reads /proc (70 us in a loop, more between two passes that stream the weights)."""
 
     max_threads: int
     cpus: list[int] = field(default_factory=allowed_cpus)
     interval: float = 2.0  # seconds between samples
     smoothing: float = 0.5  # weight of the newest sample in the running estimate of the others' load
     read: Callable[[Sequence[int]], CpuSample] = read_cpu
+    clock: Callable[[], float] = time.monotonic  # the clock of `read`'s wall times
     set_threads: Optional[Callable[[int], None]] = None  # default: torch.set_num_threads
     get_threads: Optional[Callable[[], int]] = None  # default: torch.get_num_threads
     others: Optional[float] = None  # cores busy with other processes (smoothed); None before the first sample
@@ -130,6 +132,8 @@ class ThreadGovernor:
 
     def update(self, force: bool = False) -> bool:
         """Sample (when `interval` has passed, or `force`) and set the thread count; True when it changed."""
+        if not force and self.clock() - self._last.wall < self.interval:
+            return False  # not due: no sample
         now = self.read(self.cpus)
         wall = now.wall - self._last.wall
         if wall <= 0 or (not force and wall < self.interval):
