@@ -169,6 +169,22 @@ def test_a_weight_laid_out_anew_in_place_rebuilds_the_stack(cache, ggufs):
         q.sums = not q.sums
 
 
+def test_a_tensor_held_elsewhere_rebuilds_the_stack(cache, ggufs):
+    """A tensor that leaves the dict it was held in (its module now holds it some other way) is looked up anew."""
+    runner = _target(ggufs["llama"])
+    whole = _causal(runner, PROMPT, [len(PROMPT)])
+    first = runner.body._offspec_stack
+    norm = runner.model.model.layers[0].input_layernorm
+    weight = norm._parameters.pop("weight")
+    norm.__dict__["weight"] = weight  # the same tensor, a plain attribute now
+    try:
+        assert torch.equal(_causal(runner, PROMPT, [len(PROMPT)]), whole)
+        assert runner.body._offspec_stack is not first
+    finally:
+        del norm.__dict__["weight"]
+        norm._parameters["weight"] = weight
+
+
 def test_a_row_ignores_the_keys_it_may_not_see(cache, ggufs):
     """Siblings in one pass (the same position, a tree's two branches) each attend to the prefix alone."""
     runner = _target(ggufs["llama"])
