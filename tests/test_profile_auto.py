@@ -85,8 +85,14 @@ def test_auto_budget_uses_the_matching_profile(quick_profile, tiny_dirs, monkeyp
     assert gen.policy.speculates == speculates and gen.policy.gated == (not speculates)
     unplanned = gen.tree.confident_budget  # the gated passes' budget
     assert result.passes[0].budget == (data["plan"]["budget"] if speculates else unplanned)
-    assert gen.policy.passes == (result.n_passes if speculates else 0)  # the policy saw every tree pass
-    assert gen.policy.gated_passes == (0 if speculates else result.n_passes)
+    # the policy saw every tree pass; where the plan is a hybrid tree (CI's busy machine measured one at a predicted
+    # 1.003x), a pass that chose the suffix candidates alone counts as gated, and a confident copy beyond the budget
+    # as neither (AdaptiveBudget.observe)
+    alone = sum(p.drafter == "suffix" for p in result.passes) if gen.policy.choosing else 0
+    beyond = sum(p.tree_size > p.budget > 0 and not (gen.policy.choosing and p.drafter == "suffix")
+                 for p in result.passes)
+    assert gen.policy.passes == (result.n_passes - alone - beyond if speculates else 0)
+    assert gen.policy.gated_passes == (alone if speculates else result.n_passes)
     assert speculates or {p.drafter for p in result.passes} == {"suffix"}
     assert gen.info.extra["budget_adaptive"]["passes_observed"] == gen.policy.passes
     # an explicit per-call budget, or a tree assigned by a caller (bench), bypasses the policy
