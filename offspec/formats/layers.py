@@ -188,18 +188,6 @@ def _weight(module: Optional[nn.Module], attr: str) -> Optional[torch.Tensor]:
     return None if module is None else getattr(module, attr)
 
 
-def _own(module: Optional[nn.Module], attr: str) -> Optional[torch.Tensor]:
-    """`_weight` from the module's own dicts first (nn.Module.__getattr__ costs about a microsecond a read)."""
-    if module is None:
-        return None
-    d = module.__dict__
-    if attr in d["_parameters"]:
-        return d["_parameters"][attr]
-    if attr in d["_buffers"]:
-        return d["_buffers"][attr]
-    return getattr(module, attr)
-
-
 # transformers' model classes whose forward is embed -> rotary embedding -> the layers -> final norm and nothing else
 PLAIN_BODIES = frozenset({"LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model", "Phi3Model"})
 USE_STACK = True  # False: `stack_forward` declines (every pass runs layer by layer through the model's forward)
@@ -237,8 +225,8 @@ class _Attributes:
 
 
 def _holder(module: Optional[nn.Module], attr: str) -> tuple[Any, str]:
-    """(what holds `module.attr`: its parameters', its buffers' or its own dict, else its attributes; the key there),
-    as `_own` looks it up."""
+    """(what holds `module.attr`: its parameters', its buffers' or its own dict, else its attributes; the key there).
+    Read through the dicts, a pass's check skips nn.Module.__getattr__ (about a microsecond a read)."""
     if module is None:
         return _ABSENT, ""
     d = module.__dict__
@@ -248,15 +236,8 @@ def _holder(module: Optional[nn.Module], attr: str) -> tuple[Any, str]:
     return _Attributes(module), attr
 
 
-def _bound(parts: _Parts) -> tuple[list, list]:
-    """A layer's tensors (7 weights, 3 biases, 6 norms; None where absent) and 7 kernel types, as bound now."""
-    tensors = [_own(p, "qweight") for p in parts.projections] + [_own(p, "bias") for p in parts.biased] + \
-        [_own(n, "weight") for n in parts.norms]
-    return tensors, [p.kernel_type if p is not None else -1 for p in parts.projections]
-
-
 def _holders(parts: _Parts) -> list[tuple[Any, str]]:
-    """`_holder` of each of `_bound`'s tensors, in its order."""
+    """`_holder` of each of a layer's tensors: 7 weights, 3 biases, 6 norms (None where absent), in that order."""
     return [_holder(p, "qweight") for p in parts.projections] + [_holder(p, "bias") for p in parts.biased] + \
         [_holder(n, "weight") for n in parts.norms]
 
@@ -281,12 +262,7 @@ def stack_forward(body: nn.Module, tokens: torch.Tensor, positions: torch.Tensor
         return None  # streaming binds a layer's weights in its hooks; any hook sees every call it saw before
     stack: Optional[_Stack] = body.__dict__.get("_offspec_stack")
     if stack is None or not stack.current():  # a rebound or re-laid weight rebuilds it
-        tensors, kinds = [], []
-        for parts in all_parts:  # what the layers hold now
-            t, k = _bound(parts)
-            tensors += t
-            kinds += k
-        stack = _build_stack(all_parts, tensors, kinds)
+        stack = _build_stack(all_parts)
         body._offspec_stack = stack
     hidden = body.embed_tokens(tokens[None])  # (1, q, hidden)
     cos, sin = body.rotary_emb(hidden, position_ids=positions[None])  # (1, q, rotary dims) each
@@ -300,7 +276,12 @@ def stack_forward(body: nn.Module, tokens: torch.Tensor, positions: torch.Tensor
     return body.norm(out[None])[0]  # (q, hidden)
 
 
-def _build_stack(all_parts: list, tensors: list, kinds: list) -> _Stack:
+def _build_stack(all_parts: list) -> _Stack:
+    """The layers as they are bound now, in one compiled LayerStack."""
+    holders = tuple(h for parts in all_parts for h in _holders(parts))
+    tensors = [h[name] for h, name in holders]
+    projections = tuple(p for parts in all_parts for p in parts.projections)
+    kinds = [p.kernel_type if p is not None else -1 for p in projections]
     native = kernels.compiled().LayerStack()
     windows = tuple(dict.fromkeys(p.window for p in all_parts))
     for i, parts in enumerate(all_parts):
@@ -308,8 +289,6 @@ def _build_stack(all_parts: list, tensors: list, kinds: list) -> _Stack:
         native.add(t[:7], kinds[7 * i : 7 * (i + 1)], t[7:10], t[10:16], parts.eps, parts.offset, parts.heads,
                    parts.kv_heads, parts.head_dim, parts.scaling, parts.softcap, parts.activation,
                    windows.index(parts.window))
-    holders = tuple(h for parts in all_parts for h in _holders(parts))
-    projections = tuple(p for parts in all_parts for p in parts.projections)
     return _Stack(native, tensors, kinds, windows, holders, projections)
 
 
