@@ -1,5 +1,6 @@
-"""Whole decoder layers in one compiled call (offspec/formats/layers.py, csrc/layer.h): what they compute, that a
-runner's passes use them, that every row is computed from its own tokens alone, and where they do not apply.
+"""Whole decoder layers in one compiled call (offspec/formats/layers.py, csrc/layer.h) and a resident pass's layers
+all in one (layer_stack.py): what they compute, that a runner's passes use them, that every row is computed from its
+own tokens alone, and where they do not apply.
 
 Tier 2: tiny random GGUFs (tests/helpers/tiny_gguf.py); losslessness on them is tests/test_gguf_store.py's, whose pairs run
 the compiled layers too."""
@@ -8,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from helpers.tiny_gguf import save_tiny_gguf
 
 import offspec
-from offspec.formats import kernels, layers
+from offspec.formats import kernels, layer_stack
 from offspec.formats.layers import install, unsupported
 from offspec.formats.modules import QLinear
 from offspec.spec.runner import COMPILED_MAX_TOKENS
@@ -110,13 +112,15 @@ def test_each_row_is_the_same_bits_whatever_the_pass(cache, ggufs, name):
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
 def test_a_resident_pass_runs_its_layers_in_one_call_with_the_same_bits(cache, tmp_path, monkeypatch, arch):
     """The plain families (their model's forward: embed, rotary, layers, norm) run a resident pass's layers in one
-    compiled call (layers.stack_forward, csrc/layer_stack.h); gemma's forward does more, so it keeps the model's
+    compiled call (layer_stack.stack_forward, csrc/layer_stack.h); gemma's forward does more, so it keeps the model's
     loop. Either way the bits are those of the layers called one by one."""
     runner = _target(save_tiny_gguf(tmp_path / f"{arch}.gguf", arch, seed=4, layers=3))
     assert runner.io is None  # resident
     stacked = _causal(runner, PROMPT, [4, 1, 8])
     assert hasattr(runner.body, "_offspec_stack") == (arch not in ("gemma2", "gemma3"))
-    monkeypatch.setattr(layers, "USE_STACK", False)
+    if hasattr(runner.body, "_offspec_stack"):  # the embedding (ggml rows) and the final norm in the same call
+        assert runner.body._offspec_stack.watched and runner.body._offspec_stack.body
+    monkeypatch.setattr(layer_stack, "USE_STACK", False)
     assert torch.equal(_causal(runner, PROMPT, [4, 1, 8]), stacked)
     assert torch.equal(_causal(runner, PROMPT, [len(PROMPT)]), stacked)
 
@@ -134,6 +138,87 @@ def test_a_layer_with_hooks_keeps_the_models_loop(cache, ggufs):
         hook.remove()
     _causal(runner, PROMPT, [len(PROMPT)])
     assert calls == [1] and hasattr(runner.body, "_offspec_stack")
+
+
+def test_a_hook_added_after_the_stack_was_built_keeps_the_models_loop(cache, ggufs):
+    """The stack's own check sees a layer's hooks too: a hook registered once the stack runs is called."""
+    runner = _target(ggufs["llama"])
+    _causal(runner, PROMPT, [len(PROMPT)])
+    assert runner.body._offspec_stack.watched
+    calls = []
+    hook = runner.model.model.layers[1].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        _causal(runner, PROMPT, [len(PROMPT)])
+        assert calls == [1]
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("which", ["embedding", "final norm"])
+def test_a_rebound_embedding_or_final_norm_rebuilds_the_stack(cache, ggufs, monkeypatch, which):
+    """The stack embeds and norms with the tensors it was given; one bound anew is used from the next pass on, as
+    the modules themselves would use it."""
+    runner = _target(ggufs["llama"])
+    whole = _causal(runner, PROMPT, [len(PROMPT)])
+    first = runner.body._offspec_stack
+    module = runner.body.embed_tokens if which == "embedding" else runner.body.norm
+    holder, name = (module._buffers, "qweight") if which == "embedding" else (module._parameters, "weight")
+    old = holder[name]
+    # another embedding (each token takes the next one's row) or another norm scale
+    holder[name] = old.roll(1, 0) if which == "embedding" else nn.Parameter(old.detach() * 2, requires_grad=False)
+    try:
+        changed = _causal(runner, PROMPT, [len(PROMPT)])
+        assert runner.body._offspec_stack is not first and runner.body._offspec_stack.body
+        assert not torch.equal(changed, whole)
+        monkeypatch.setattr(layer_stack, "USE_STACK", False)  # the modules, layer by layer
+        assert torch.equal(_causal(runner, PROMPT, [len(PROMPT)]), changed)
+    finally:
+        holder[name] = old
+
+
+def test_a_stack_it_cannot_watch_natively_is_checked_in_python_with_the_same_bits(cache, ggufs, monkeypatch):
+    """Where something the stack holds is not in a dict it can watch, the check runs in Python and the modules embed
+    and norm: the same bits, and a rebound weight or a hook is still seen."""
+    runner = _target(ggufs["qwen2"])
+    whole = _causal(runner, PROMPT, [4, 1, 8])
+    monkeypatch.setattr(layer_stack, "_watch_list", lambda *_: None)
+    runner.body.__dict__.pop("_offspec_stack")
+    assert torch.equal(_causal(runner, PROMPT, [4, 1, 8]), whole)
+    first = runner.body._offspec_stack
+    assert not first.watched and not first.body
+    q = runner.model.model.layers[0].self_attn.q_proj
+    q._buffers["qweight"] = q._buffers["qweight"].clone()
+    assert torch.equal(_causal(runner, PROMPT, [4, 1, 8]), whole)
+    assert runner.body._offspec_stack is not first
+    calls = []
+    hook = runner.model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        _causal(runner, PROMPT, [len(PROMPT)])
+        assert calls == [1]
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_the_rotary_table_gives_each_position_the_bits_of_computing_it_alone(cache, tmp_path, monkeypatch, arch):
+    """A plain body's pass reads cos and sin from a table its rotary embedding computed once, grown as positions
+    come: each row the bits the embedding gives that position alone; a rotary embedding that is not static (its
+    frequencies may follow the length) is computed per pass."""
+    runner = _target(save_tiny_gguf(tmp_path / f"{arch}.gguf", arch, seed=6, layers=2))
+    rotary = runner.body.rotary_emb
+    rotary.__dict__.pop("_offspec_rotary", None)
+    cos, sin = layer_stack._rotary(rotary, torch.tensor([3, 0, 1023]))
+    assert rotary._offspec_rotary[0].shape[0] == 1024
+    grown_cos, grown_sin = layer_stack._rotary(rotary, torch.tensor([1024, 3, 0, 1023, 2047]))  # the table doubles
+    table_cos, table_sin, _ = rotary._offspec_rotary
+    assert table_cos.shape[0] == 2048 and torch.equal(grown_cos[1:4], cos) and torch.equal(grown_sin[1:4], sin)
+    for p in range(2048):
+        alone_cos, alone_sin = rotary(torch.empty(0), position_ids=torch.tensor([[p]]))  # (1, 1, rotary dims)
+        assert torch.equal(table_cos[p], alone_cos[0, 0]) and torch.equal(table_sin[p], alone_sin[0, 0]), p
+    monkeypatch.setattr(layer_stack, "_STATIC_ROPES", frozenset())
+    rotary.__dict__.pop("_offspec_rotary")
+    assert torch.equal(layer_stack._rotary(rotary, torch.tensor([5, 900]))[0], table_cos[[5, 900]])
+    assert "_offspec_rotary" not in rotary.__dict__
 
 
 def test_a_rebound_weight_rebuilds_the_stack(cache, ggufs):

@@ -15,11 +15,8 @@ Families (`FAMILY_LAYERS`): llama (Llama, SmolLM2), mistral, qwen2 (q/k/v biases
 projections, partial rotary). A layer's sliding window is in the mask it is given (the runner builds one per
 window, `active`).
 
-A resident model of the plainest families (`PLAIN_BODIES`: their model's forward is the token embedding, the rotary
-embedding, the layers and the final norm, nothing more) goes one step further: `stack_forward` runs all its layers
-in one compiled call (csrc/layer_stack.h), the same layer calls without transformers' model loop, module calls and
-argument lists in between (2-3 ms of a 28-layer pass). `USE_STACK = False` runs them layer by layer (for
-comparing; the same bits).
+A resident model of the plainest families goes one step further: all its layers in one compiled call
+(`layer_stack.py`).
 
 Exactness: each row's result depends on that row alone (the row-invariant kernels, exact attention per query), so
 a tree pass and a one-token pass compute the same bits, as the exact attention of `attention.py` does for the rest
@@ -43,7 +40,7 @@ from offspec.errors import OffspecError
 
 from . import kernels
 from .attention import layer_windows
-from .modules import QLinear
+from .modules import QEmbedding, QLinear
 
 VARIABLE = "OFFSPEC_LAYERS"
 # the decoder layer classes the compiled layer computes, by family
@@ -80,7 +77,7 @@ def active(visible: Union[None, torch.Tensor, dict]) -> Iterator[None]:
         _state.visible = previous
 
 
-class _Parts(NamedTuple):
+class LayerParts(NamedTuple):
     projections: tuple  # q, k, v, o, gate, up, down: QLinear modules (None where fused into the one before); their
     # weights and kernel types are read at each call (streaming binds them for the pass; a resident layer's rows may
     # be interleaved after install)
@@ -98,13 +95,13 @@ class _Parts(NamedTuple):
     layer_idx: int
 
 
-def _norm_eps(norm: nn.Module) -> Optional[float]:
+def norm_eps(norm: nn.Module) -> Optional[float]:
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     return float(eps) if eps is not None and hasattr(norm, "weight") and type(norm).__name__.endswith("RMSNorm") \
         else None
 
 
-def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[_Parts, str]:
+def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[LayerParts, str]:
     """What the compiled layer needs of `layer`, or why it cannot compute it."""
     name = type(layer).__name__
     if name not in FAMILY_LAYERS:
@@ -130,14 +127,14 @@ def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[_
              (layer.input_layernorm, None, layer.post_attention_layernorm, None))
     norms += (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
     present = [n for n in norms if n is not None]
-    eps = {_norm_eps(n) for n in present}
+    eps = {norm_eps(n) for n in present}
     if None in eps or len(eps) != 1:
         return "the layer's norms are not RMSNorms of one epsilon"
     offsets = {1.0 if type(n).__name__.startswith("Gemma") else 0.0 for n in present}
     if len(offsets) != 1:
         return "the layer mixes gemma and llama norms"
     head_dim = int(getattr(attn, "head_dim", 0) or config.hidden_size // config.num_attention_heads)
-    return _Parts(tuple(projections), tuple(projections[:3]), norms, eps.pop(), offsets.pop(),
+    return LayerParts(tuple(projections), tuple(projections[:3]), norms, eps.pop(), offsets.pop(),
                   config.num_attention_heads, config.num_key_value_heads, head_dim, float(attn.scaling),
                   float(getattr(attn, "attn_logit_softcapping", None) or 0.0), ACTIVATIONS[act], window,
                   attn.layer_idx)
@@ -188,110 +185,6 @@ def _weight(module: Optional[nn.Module], attr: str) -> Optional[torch.Tensor]:
     return None if module is None else getattr(module, attr)
 
 
-# transformers' model classes whose forward is embed -> rotary embedding -> the layers -> final norm and nothing else
-PLAIN_BODIES = frozenset({"LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model", "Phi3Model"})
-USE_STACK = True  # False: `stack_forward` declines (every pass runs layer by layer through the model's forward)
-
-
-class _Stack(NamedTuple):
-    native: Any  # the compiled LayerStack
-    tensors: list  # the weights, biases and norms it holds: rebuilt once any is no longer its module's own
-    types: list  # the kernel types it was given
-    windows: tuple  # the window of each mask `forward` takes, in its order
-    holders: tuple  # (holder, name) per tensor: where its module holds it (`_holder`), so a pass checks it quickly
-    projections: tuple  # the layers' QLinears in `types`' order (None where absent)
-
-    def current(self) -> bool:
-        """Whether every tensor is still its module's own and every kernel type the same (about 60 us a pass for a
-        28-layer model: an interleaved weight keeps its tensor, so the types are read again too)."""
-        try:
-            held = all(h[name] is t for (h, name), t in zip(self.holders, self.tensors))
-        except KeyError:  # no longer where it was held (a parametrization took it, say): bound anew
-            return False
-        return held and all((p.kernel_type if p is not None else -1) == k for p, k in zip(self.projections, self.types))
-
-
-_ABSENT = {"": None}  # the holder of a tensor whose module is absent
-
-
-class _Attributes:
-    """A module's attributes read by name, as a holder (`module[attr]`) for what its own dicts do not hold."""
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-
-    def __getitem__(self, attr: str) -> Any:
-        return getattr(self.module, attr)
-
-
-def _holder(module: Optional[nn.Module], attr: str) -> tuple[Any, str]:
-    """(what holds `module.attr`: its parameters', its buffers' or its own dict, else its attributes; the key there).
-    Read through the dicts, a pass's check skips nn.Module.__getattr__ (about a microsecond a read)."""
-    if module is None:
-        return _ABSENT, ""
-    d = module.__dict__
-    for held in (d["_parameters"], d["_buffers"], d):
-        if attr in held:
-            return held, attr
-    return _Attributes(module), attr
-
-
-def _holders(parts: _Parts) -> list[tuple[Any, str]]:
-    """`_holder` of each of a layer's tensors: 7 weights, 3 biases, 6 norms (None where absent), in that order."""
-    return [_holder(p, "qweight") for p in parts.projections] + [_holder(p, "bias") for p in parts.biased] + \
-        [_holder(n, "weight") for n in parts.norms]
-
-
-def stack_forward(body: nn.Module, tokens: torch.Tensor, positions: torch.Tensor, cache: Any,
-                  visibles: dict) -> Optional[torch.Tensor]:
-    """The (q, hidden) final hidden states of `tokens` (q,) at `positions` (q,) through `body` (the model's
-    decoder, every layer installed), its layers in one compiled call, attending as `visibles` ({window: (q, kv_len)
-    bool}) allows; None where this body cannot (another family, a layer not installed): then run its forward. The
-    caller's cache is prepared (write slots, kv_len). Layers with hooks (streamed ones: their weights are bound in
-    their hooks) keep the model's loop."""
-    if not USE_STACK or type(body).__name__ not in PLAIN_BODIES:
-        return None
-    all_parts = body.__dict__.get("_offspec_stack_parts")
-    if all_parts is None:  # looked up once
-        found = [getattr(layer, "_offspec_parts", None) for layer in body.layers[: body.config.num_hidden_layers]]
-        all_parts = found if all(isinstance(p, _Parts) for p in found) else []
-        body._offspec_stack_parts = all_parts
-    if not all_parts:
-        return None
-    if any(layer._forward_pre_hooks or layer._forward_hooks for layer in body.layers):
-        return None  # streaming binds a layer's weights in its hooks; any hook sees every call it saw before
-    stack: Optional[_Stack] = body.__dict__.get("_offspec_stack")
-    if stack is None or not stack.current():  # a rebound or re-laid weight rebuilds it
-        stack = _build_stack(all_parts)
-        body._offspec_stack = stack
-    hidden = body.embed_tokens(tokens[None])  # (1, q, hidden)
-    cos, sin = body.rotary_emb(hidden, position_ids=positions[None])  # (1, q, rotary dims) each
-    keys, values = [], []
-    for parts in all_parts:
-        k, v = cache.buffers(parts.layer_idx, hidden, parts.kv_heads, parts.head_dim)
-        keys.append(k)
-        values.append(v)
-    out = stack.native.forward(hidden[0].contiguous(), cos[0].float().contiguous(), sin[0].float().contiguous(), keys,
-                               values, cache.write_slots, cache.kv_len, [visibles[w] for w in stack.windows])
-    return body.norm(out[None])[0]  # (q, hidden)
-
-
-def _build_stack(all_parts: list) -> _Stack:
-    """The layers as they are bound now, in one compiled LayerStack."""
-    holders = tuple(h for parts in all_parts for h in _holders(parts))
-    tensors = [h[name] for h, name in holders]
-    projections = tuple(p for parts in all_parts for p in parts.projections)
-    kinds = [p.kernel_type if p is not None else -1 for p in projections]
-    native = kernels.compiled().LayerStack()
-    windows = tuple(dict.fromkeys(p.window for p in all_parts))
-    for i, parts in enumerate(all_parts):
-        t = tensors[16 * i : 16 * (i + 1)]
-        native.add(t[:7], kinds[7 * i : 7 * (i + 1)], t[7:10], t[10:16], parts.eps, parts.offset, parts.heads,
-                   parts.kv_heads, parts.head_dim, parts.scaling, parts.softcap, parts.activation,
-                   windows.index(parts.window))
-    return _Stack(native, tensors, kinds, windows, holders, projections)
-
-
 def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     visible = getattr(_state, "visible", None)
     cache = kwargs.get("cache", kwargs.get("past_key_values"))  # the runner's SlotKVCache (it has `buffers`)
@@ -299,7 +192,7 @@ def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs
     if (visible is None or args or not hasattr(cache, "buffers") or position_embeddings is None
             or hidden_states.dim() != 3 or hidden_states.shape[0] != 1 or hidden_states.dtype != torch.float32):
         return layer._offspec_hf_forward(hidden_states, *args, **kwargs)
-    parts: _Parts = layer._offspec_parts
+    parts: LayerParts = layer._offspec_parts
     cos, sin = position_embeddings  # (1, q, rotary dims) each
     k_cache, v_cache = cache.buffers(parts.layer_idx, hidden_states, parts.kv_heads, parts.head_dim)
     out = kernels.compiled().decoder_layer(

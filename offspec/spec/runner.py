@@ -18,8 +18,8 @@ from offspec.formats.attention import install as install_attention
 from offspec.formats.attention import layer_windows, windowed
 from offspec.formats.gpu.choice import cuda_kernels
 from offspec.formats.layers import active as compiled_layers
+from offspec.formats.layer_stack import install_final_norm, stack_forward
 from offspec.formats.layers import install as install_layers
-from offspec.formats.layers import stack_forward
 from offspec.formats.modules import QLinear
 
 from .kvcache import SlotKVCache
@@ -58,6 +58,8 @@ class ModelRunner:
         install_attention(model)  # SDPA, or exact attention within `exact_attention(True)`
         # None: every pass runs each decoder layer in one compiled call (exact attention included), else why not
         self.layers_unsupported = install_layers(model, self.device, self.dtype)
+        if self.layers_unsupported is None:  # a plain body's final norm as its layers' stack computes it
+            install_final_norm(self.body)
         # CUDA: offspec's own layers (formats/gpu/layer.py: batch-invariant, tree attention without a dense mask)
         self.gpu_layers = None  # that module where its layers run this model, else None
         self.gpu_layers_unsupported = "not on CUDA"  # None, or why transformers' layers run on CUDA
@@ -198,7 +200,8 @@ class ModelRunner:
             ids = torch.tensor(part, dtype=torch.long, device=self.device)  # (q,)
             pos = torch.arange(base, base + q, device=self.device)  # (q,) slot == position for committed tokens
             visible = torch.ones((q, base + q), dtype=torch.bool, device=self.device)  # (q, base+q)
-            visible[:, base:] = torch.ones((q, q), dtype=torch.bool, device=self.device).tril()
+            if q > 1:  # causal among the new tokens (one token sees all)
+                visible[:, base:] = torch.ones((q, q), dtype=torch.bool, device=self.device).tril()
             hidden = self.forward(ids, pos, pos, visible)[-1]
             self.cache.length = base + q
         return hidden

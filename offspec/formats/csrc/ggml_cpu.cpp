@@ -310,6 +310,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                "a model's decoder layers bound once, run in one call (layer_stack.h)")
       .def(pybind11::init<>())
       .def("add", &LayerStack::add)
-      .def("forward", &LayerStack::forward);
+      .def("forward", &LayerStack::forward)
+      .def("set_body", &LayerStack::set_body)
+      .def("run", &LayerStack::run)
+      .def("watch", &LayerStack::watch)
+      .def("unchanged", &LayerStack::unchanged);
+  m.def("rms_norm", &offspec::rms_norm_rows, "RMSNorm of each row of (M, K) float32, as the compiled layers' norms");
   m.def("set_amx", &set_amx, "switch the AMX tiles off or on (the same results); returns whether they were on");
 }
