@@ -56,6 +56,30 @@ def test_attention_is_softmax_over_the_visible_keys(ext, H, Hkv, D, softcap):
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("L", (1, 7, 8, 16, 45, 300))
+def test_keys_far_below_the_largest_weigh_nothing_and_the_rest_as_softmax_does(ext, L):
+    """Scores spread over hundreds (a large scale): the keys more than 87 below a query's largest (exponentials below
+    the smallest normal float) weigh nothing, the others as softmax weighs them, at lengths that end a vector of 8
+    or 16 keys or fall short of one."""
+    q, k, v, visible = _inputs(L, 4, 1, Q=3, L=L, D=64, share=0.8)
+    visible[:, 0] = True  # every query sees at least one key
+    out = ext.attend(q, k, v, visible, 3.0, 0.0)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, visible, 3.0, 0.0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("L", (7, 8, 9, 15, 16, 17, 31, 33))
+def test_a_keys_weight_does_not_depend_on_where_its_vector_lane_falls(ext, L):
+    """Keys that weigh exactly nothing (scores far below the largest) put first shift every other key's exponential
+    to another lane, or from a whole vector to the one-by-one rest: the output keeps every bit."""
+    q, k, v, _ = _inputs(L, 1, 1, Q=1, L=L, D=64)
+    out = ext.attend(q, k, v, torch.ones(1, L, dtype=torch.bool), 0.125, 0.0)
+    for extra in (1, 2, 3, 9):
+        k2 = torch.cat([-1e3 * q.expand(1, 1, extra, 64), k], dim=2)  # (1, 1, extra + L, 64): scores far below
+        v2 = torch.cat([torch.randn(1, 1, extra, 64), v], dim=2)
+        shifted = ext.attend(q, k2, v2, torch.ones(1, extra + L, dtype=torch.bool), 0.125, 0.0)
+        assert torch.equal(shifted.view(torch.int32), out.view(torch.int32)), extra
+
+
 @pytest.mark.parametrize("H,Hkv,D", SHAPES)
 def test_a_querys_bits_depend_on_it_and_its_visible_keys_only(ext, H, Hkv, D):
     q, k, v, visible = _inputs(H + D, H, Hkv, Q=9, L=70, D=D)

