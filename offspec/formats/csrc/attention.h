@@ -55,40 +55,22 @@ inline float softmax_exp(float x) {
 }
 
 #ifdef OFFSPEC_AVX2
-inline __m256 softmax_exp8(__m256 x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MIN), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN));  // the lanes dropped below stay in range
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO), r);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C0), r, _mm256_set1_ps(EXP_C1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C5));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
-}
-#endif
-
-#ifdef OFFSPEC_AVX512
-inline __m512 softmax_exp16(__m512 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_MIN), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2_HI), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2_LO), r);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C0), r, _mm512_set1_ps(EXP_C1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C5));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+// softmax_exp in each lane of a vector (V16: AVX-512, V8: AVX2), operation for operation
+template <class V>
+inline typename V::F softmax_expv(typename V::F x) {
+  using F = typename V::F;
+  const F lo = V::fset(EXP_MIN);
+  const F xin = V::fmax(x, lo);  // the lanes dropped at the end stay in range
+  const F n = V::fround(V::fmul(xin, V::fset(EXP_LOG2E)));
+  F r = V::fmadd(n, V::fset(-EXP_LN2_HI), xin);
+  r = V::fmadd(n, V::fset(-EXP_LN2_LO), r);
+  F p = V::fmadd(V::fset(EXP_C0), r, V::fset(EXP_C1));
+  p = V::fmadd(p, r, V::fset(EXP_C2));
+  p = V::fmadd(p, r, V::fset(EXP_C3));
+  p = V::fmadd(p, r, V::fset(EXP_C4));
+  p = V::fmadd(p, r, V::fset(EXP_C5));
+  const F y = V::fadd(V::fmadd(p, V::fmul(r, r), r), V::fset(1.0f));
+  return V::keep_ge(V::fmul(y, V::pow2(n)), x, lo);
 }
 #endif
 
@@ -96,12 +78,10 @@ inline __m512 softmax_exp16(__m512 x) {
 inline void softmax_exps(float* p, int64_t n, float top) {
   int64_t c = 0;
 #ifdef OFFSPEC_AVX512
-  for (const __m512 t = _mm512_set1_ps(top); c + 16 <= n; c += 16)
-    _mm512_storeu_ps(p + c, softmax_exp16(_mm512_sub_ps(_mm512_loadu_ps(p + c), t)));
+  for (; c + 16 <= n; c += 16) V16::store(p + c, softmax_expv<V16>(V16::fsub(V16::fload(p + c), V16::fset(top))));
 #endif
 #ifdef OFFSPEC_AVX2
-  for (const __m256 t = _mm256_set1_ps(top); c + 8 <= n; c += 8)
-    _mm256_storeu_ps(p + c, softmax_exp8(_mm256_sub_ps(_mm256_loadu_ps(p + c), t)));
+  for (; c + 8 <= n; c += 8) V8::store(p + c, softmax_expv<V8>(V8::fsub(V8::fload(p + c), V8::fset(top))));
 #endif
   for (; c < n; c++) p[c] = softmax_exp(p[c] - top);
 }

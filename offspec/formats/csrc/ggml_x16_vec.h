@@ -56,6 +56,13 @@ struct V16 {
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static F fload(const float* p) { return _mm512_loadu_ps(p); }
+  static F fsub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F fmax(F a, F b) { return _mm512_max_ps(a, b); }
+  static F fround(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F pow2(F n) {  // 2^n for whole n in [-126, 127]
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), set32(127)), 23));
+  }
+  static F keep_ge(F y, F x, F lo) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y); }  // else 0
 };
 #endif
 
@@ -102,6 +109,13 @@ struct V8 {
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static F fload(const float* p) { return _mm256_loadu_ps(p); }
+  static F fsub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F fmax(F a, F b) { return _mm256_max_ps(a, b); }
+  static F fround(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F pow2(F n) {  // 2^n for whole n in [-126, 127]
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), set32(127)), 23));
+  }
+  static F keep_ge(F y, F x, F lo) { return _mm256_and_ps(y, _mm256_cmp_ps(x, lo, _CMP_GE_OQ)); }  // else 0
 };
 
 }  // namespace offspec
