@@ -17,8 +17,8 @@ from offspec.formats.attention import exact as exact_attention
 from offspec.formats.attention import install as install_attention
 from offspec.formats.attention import layer_windows, windowed
 from offspec.formats.gpu.choice import cuda_kernels
-from offspec.formats.layers import active as compiled_layers
 from offspec.formats.layer_stack import install_final_norm, stack_forward
+from offspec.formats.layers import active as compiled_layers
 from offspec.formats.layers import install as install_layers
 from offspec.formats.modules import QLinear
 

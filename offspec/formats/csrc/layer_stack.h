@@ -18,8 +18,9 @@ torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K);  // ggml_cpu
 
 namespace offspec {
 
-// layer.h's RMSNorm of each row of x (M, K) float32: the final norm of a model whose layers run here (layers.py
-// gives the model's own norm this forward, so that its layers one by one and `LayerStack::run` agree to the bit)
+// layer.h's RMSNorm of each row of x (M, K) float32: the final norm of a model whose layers run here (layer_stack.py's
+// `install_final_norm` gives the model's own norm this forward, so that its layers one by one and `LayerStack::run`
+// agree to the bit)
 inline torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor weight, double eps, double norm_offset) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
               "offspec: rms_norm takes (M, K) float32 rows on the CPU");
