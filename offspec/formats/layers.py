@@ -40,7 +40,7 @@ from offspec.errors import OffspecError
 
 from . import kernels
 from .attention import layer_windows
-from .modules import QEmbedding, QLinear
+from .modules import QLinear
 
 VARIABLE = "OFFSPEC_LAYERS"
 # the decoder layer classes the compiled layer computes, by family
