@@ -99,6 +99,44 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
         assert torch.equal(sums.view(torch.int32), drafts.view(torch.int32)), ext.isa()
 
 
+@pytest.fixture(scope="module")
+def avx2_build():
+    """The AVX2 build of the kernels (on any CPU with AVX2: its own kernels, or a variant beside AVX-512's)."""
+    assert kernels.load_kernels() is None, "the CPU kernels did not build"
+    if kernels.compiled().isa() == "scalar":
+        pytest.skip("this CPU has no AVX2: the kernels in use are the scalar ones")
+    return kernels.build_variant("avx2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("type_name", ("Q4_K", "Q6_K"))
+def test_avx2_one_row_products_hold_the_largest_sums(avx2_build, type_name):
+    """The AVX2 one-row walks (q4k_x16_avx2_one, q6k_x16_avx2_one) sum several chunks' products in 16-bit lanes:
+    at the largest quants, scales and activations (-128 for a negative block) they still compute the row-major
+    kernels' bits, in one row and in several."""
+    ext = avx2_build
+    rng = np.random.default_rng(10)
+    tid, cols = ggml_type(type_name).id, 768
+    raw = random_blocks(rng, type_name, 32, cols).reshape(32, cols // 256, -1)  # (rows, super-blocks, bytes)
+    if type_name == "Q4_K":  # d, dmin, 12 scale bytes, 128 quant bytes: every scale, min and quant at its largest
+        raw[:, :, 4:] = 0xFF
+    else:  # 128 ql, 64 qh (quants 63), 16 int8 scales (127 and -128 in turn), d
+        raw[:, :, :192] = 0xFF
+        raw[:, :, 192:208] = np.array([0x7F, 0x80] * 8, dtype=np.uint8)
+    raw = torch.from_numpy(raw.reshape(32, -1).copy())
+    x = torch.full((3, cols), -3.0)  # (3, cols): blocks of one negative value quantize to -128
+    x[1] = 3.0
+    x[2, 256:512] = -x[2, 256:512]
+    want = ext.qgemm(x, raw, tid, cols)  # row-major
+    mixed = ext.interleave(raw, tid, cols, True)
+    for m in (1, 3):
+        got = ext.qgemm(x[:m].clone(), mixed, tid + kernels.X16_TYPES, cols)
+        assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), m
+    for r in range(3):
+        one = ext.qgemm(x[r:r + 1].clone(), mixed, tid + kernels.X16_TYPES, cols)
+        assert torch.equal(one.view(torch.int32), want[r:r + 1].view(torch.int32)), r
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("H,Hkv,D", [(12, 2, 128), (9, 3, 64), (4, 1, 256), (6, 1, 72)])
 def test_exact_attention_computes_the_same_bits_in_every_build(two_builds, H, Hkv, D):

@@ -35,9 +35,12 @@
 // and more, the products keep a core busy long enough that the hardware prefetcher falls behind, and a prefetch
 // into L2 6.75 KB ahead (x16_prefetch: 3 Q4_K super-blocks, 2 Q6_K) lets a pass of 3 rows cost what one row
 // costs, 4 rows 1.2x less, 8 rows 1.5x less, 32 rows 1.15x (all the 1.5B target's matrices, 2 threads, Zen 4;
-// 2.3 KB ahead was slower at 3-4 rows, 13.5 KB at 2-3). The legacy types' exact passes of several rows are bound
-// by their float steps (ggml_x16_legacy.h): a prefetch gained them nothing; a draft's (legacy_x16s, 2 float steps a
-// block) prefetch from 4 rows.
+// 2.3 KB ahead was slower at 3-4 rows, 13.5 KB at 2-3). The AVX2 kernels are slower per byte (no vpdpbusd), so
+// that one row keeps a core busy as several do on AVX-512: there a prefetch 13.5 KB ahead made the 1.5B target's
+// one-row products 1.07-1.20x faster (2 threads, the AVX2 build on Zen 4; 6.75 KB 1.06-1.14x, 20.25 KB the same
+// as 13.5), and a one-row pass walks both halves of a group at once (q4k_x16_avx2_one, q6k_x16_avx2_one). The
+// legacy types' exact passes of several rows are bound by their float steps (ggml_x16_legacy.h): a prefetch gained
+// them nothing; a draft's (legacy_x16s, 2 float steps a block) prefetch from 4 rows.
 //
 // Exactness: a product computes the same exact integer sums per (weight row, super-block) as ggml_dot.h's kernels
 // (Q4_K: sum_j sc_j sum(q x) and sum_j m_j sum(x); Q6_K: sum_g sc_g sum((q - 32) x), taken as sum(q x) - 32 sum(x)
@@ -183,13 +186,19 @@ inline void x16_permute(const uint8_t* src, uint8_t* dst, int64_t N, int64_t rb,
 
 namespace offspec {
 
-// Several activation rows: the weights' bytes `X16_AHEAD` past `p`, `lines` cache lines of them, into L2 (see
-// "Reading" above); one row: nothing.
+// The weights' bytes `X16_AHEAD` past `p` (AVX2 with one activation row: `X16_AHEAD_ONE`), `lines` cache lines of
+// them, into L2 (see "Reading" above); AVX-512 with one row: nothing.
 constexpr int64_t X16_AHEAD = 6912;
+constexpr int64_t X16_AHEAD_ONE = 13824;
 template <int R>
 inline void x16_prefetch(const uint8_t* p, int lines) {
+#ifdef OFFSPEC_AVX512
   if (R < 2) return;
-  for (int l = 0; l < lines; l++) _mm_prefetch(reinterpret_cast<const char*>(p + X16_AHEAD + 64 * l), _MM_HINT_T1);
+  constexpr int64_t ahead = X16_AHEAD;
+#else
+  constexpr int64_t ahead = R < 2 ? X16_AHEAD_ONE : X16_AHEAD;
+#endif
+  for (int l = 0; l < lines; l++) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + 64 * l), _MM_HINT_T1);
 }
 
 // The 16 rows' scales (sc) and minimums (mn) of a Q4_K group super-block, one 16-byte vector per sub-block (byte r:
@@ -208,6 +217,12 @@ struct X16Scales {
       sc[j + 4] = _mm_or_si128(_mm_and_si128(u[j + 8], m4), top_s);
       mn[j + 4] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(u[j + 8], 4), m4), top_m);
     }
+  }
+  // rows 8 .. 15's (bytes 8 .. 15) at bytes 0 .. 7: what X16Scales(b, 8) unpacks, from this one (off 0)
+  X16Scales upper() const {
+    X16Scales h = *this;
+    for (int j = 0; j < 8; j++) h.sc[j] = _mm_srli_si128(sc[j], 8), h.mn[j] = _mm_srli_si128(mn[j], 8);
+    return h;
   }
 };
 
@@ -315,6 +330,48 @@ void q4k_x16_avx2(const uint8_t* g, int64_t half, const XSet& x, int64_t r0, flo
   }
   for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * ystride, acc[r]);
 }
+
+// q4k_x16_avx2 for one activation row, both halves of the group in one walk over its super-blocks: the scales
+// unpacked and the activations broadcast once for the 16 rows, each chunk's 64 bytes loaded at once. The same sums
+// and float steps per row as the two halves one after the other, so the same bits.
+inline __attribute__((noinline)) void q4k_x16_avx2_one(const uint8_t* g, const XSet& x, float* y) {
+  using V = V8;
+  constexpr int64_t SB = 16 * 144;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // rows 0..7, 8..15
+  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
+    const uint8_t* b = g + sb * SB;
+    const X16Scales s(b, 0), s1 = s.upper();
+    __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int p = 0; p < 4; p++) {
+      x16_prefetch<1>(b + 9 * 64 * p, 9);
+      const int8_t* xr = x.qrow(0, sb * 8 + 2 * p);
+      __m256i lo0 = _mm256_setzero_si256(), hi0 = lo0, lo1 = lo0, hi1 = lo0;  // 16-bit sums, as q4k_x16_avx2's
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; c++) {
+        const uint8_t* chunk = b + 256 + (8 * p + c) * 64;
+        const __m256i v0 = V::load(chunk), v1 = V::load(chunk + 32);
+        const __m256i xl = V::bcast4(xr + 4 * c), xh = V::bcast4(xr + 32 + 4 * c);
+        lo0 = _mm256_add_epi16(lo0, _mm256_maddubs_epi16(_mm256_and_si256(v0, m4), xl));
+        hi0 = _mm256_add_epi16(hi0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), xh));
+        lo1 = _mm256_add_epi16(lo1, _mm256_maddubs_epi16(_mm256_and_si256(v1, m4), xl));
+        hi1 = _mm256_add_epi16(hi1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), xh));
+      }
+      const __m128i both[2][2] = {{s.sc[2 * p], s.sc[2 * p + 1]}, {s1.sc[2 * p], s1.sc[2 * p + 1]}};
+      const __m256i lo[2] = {lo0, lo1}, hi[2] = {hi0, hi1};
+      for (int h = 0; h < 2; h++) {
+        const __m256i slo = V::u8x32(both[h][0]), shi = V::u8x32(both[h][1]);  // (sc, sc) int16 pairs
+        const __m256i plo = _mm256_or_si256(slo, _mm256_slli_epi32(slo, 16));
+        const __m256i phi = _mm256_or_si256(shi, _mm256_slli_epi32(shi, 16));
+        is[h] = _mm256_add_epi32(is[h], _mm256_add_epi32(_mm256_madd_epi16(lo[h], plo), _mm256_madd_epi16(hi[h], phi)));
+      }
+    }
+    q4k_x16_steps<V, 1>(s, b, 0, x, 0, sb, &is[0], &acc[0]);
+    q4k_x16_steps<V, 1>(s1, b, 1, x, 0, sb, &is[1], &acc[1]);
+  }
+  _mm256_storeu_ps(y, acc[0]);
+  _mm256_storeu_ps(y + 8, acc[1]);
+}
 #endif
 
 // Q6_K x16, as q4k_x16. x.s16: the activations' sums per 16.
@@ -373,6 +430,73 @@ void q6k_x16(const uint8_t* g, int64_t first, int64_t half, const XSet& x, int64
   for (int r = 0; r < R; r++) V::store(y + (r0 + r) * ystride, acc[r]);
 }
 
+#ifndef OFFSPEC_AVX512
+// q6k_x16 for one activation row on AVX2, both halves of the group in one walk (the broadcasts shared), and no
+// 32-bit multiply: two chunks' products summed in 16-bit lanes (at most 2 x 2 x 63 x 128 = 32256, exact), each scale
+// group's sum scaled by one vpmaddwd against (sc, sc) pairs, and the offset terms 32 sum_g sc_g sum(x_g) by one
+// vpmaddwd per two groups. The same integer sums as q6k_x16's (a_g - 32 xs_g) sc_g, so the same bits.
+inline __attribute__((noinline)) void q6k_x16_avx2_one(const uint8_t* g, int64_t first, const XSet& x, float* y) {
+  using V = V8;
+  constexpr int64_t SB = 16 * 210;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // rows 0..7, 8..15
+  for (int64_t sb = 0, n = x.K / 256; sb < n; sb++) {
+    const bool odd = (first + sb) % 2;
+    const uint8_t* b = g + sb * SB + (odd ? 288 : 0);  // the triples
+    const uint8_t* head = g + sb * SB + (odd ? 0 : 3072);  // d and the scales
+    const int32_t* xs = x.s16 + sb * 16;  // the activations' sums per 16 (one row)
+    __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, off[2] = {is[0], is[1]};
+    for (int gp = 0; gp < 8; gp++) {  // sum_g sc_g xs_g, groups 2 gp and 2 gp + 1 as (sc, sc') int16 pairs
+      const __m128i s0 = V::bytes16(head + 32 + 32 * gp), s1 = V::bytes16(head + 48 + 32 * gp);
+      const uint32_t pair = (uint32_t)(uint16_t)xs[2 * gp] | ((uint32_t)xs[2 * gp + 1] << 16);  // |xs| <= 16 x 128
+      const __m256i xp = _mm256_set1_epi32((int32_t)pair);
+      off[0] = _mm256_add_epi32(off[0], _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s0, s1)), xp));
+      off[1] = _mm256_add_epi32(off[1], _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpackhi_epi8(s0, s1)), xp));
+    }
+    for (int h = 0; h < 2; h++)
+      for (int q2 = 0; q2 < 2; q2++) {
+        x16_prefetch<1>(g + sb * SB + 14 * 64 * (2 * h + q2), 14);
+        const int8_t* xr = x.qrow(0, sb * 8 + 4 * h) + 16 * q2;
+        for (int t = 0; t < 2; t++) {  // sub-blocks s = t (low nibbles) and s = t + 2 (high nibbles)
+          __m256i sp[2][2];  // (sc, sc) int16 pairs of group 8h + 2s + q2, by [s = t, t + 2][half]
+          for (int k = 0; k < 2; k++) {
+            const __m128i v = V::bytes16(head + 32 + 16 * (8 * h + 2 * (t + 2 * k) + q2));
+            sp[k][0] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v));
+            sp[k][1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(v, v));
+          }
+          for (int cp = 0; cp < 2; cp++) {
+            __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[1]};
+            for (int k = 0; k < 2; k++) {
+              const int cc = 2 * cp + k;
+              const uint8_t* hc = b + (8 * h + 4 * q2 + cc) * 192;
+              const __m256i xl = V::bcast4(xr + 4 * cc + 32 * t), xh = V::bcast4(xr + 4 * cc + 32 * (t + 2));
+              for (int e = 0; e < 2; e++) {
+                const __m256i hv = V::load(hc + 32 * e), lv = V::load(hc + 64 * (1 + t) + 32 * e);
+                const __m256i hlo = _mm256_and_si256(t == 0 ? _mm256_slli_epi16(hv, 4) : _mm256_slli_epi16(hv, 2), m30);
+                const __m256i hhi = _mm256_and_si256(t == 0 ? hv : _mm256_srli_epi16(hv, 2), m30);
+                const __m256i ulo = _mm256_or_si256(_mm256_and_si256(lv, m4), hlo);
+                const __m256i uhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lv, 4), m4), hhi);
+                lo[e] = _mm256_add_epi16(lo[e], _mm256_maddubs_epi16(ulo, xl));
+                hi[e] = _mm256_add_epi16(hi[e], _mm256_maddubs_epi16(uhi, xh));
+              }
+            }
+            for (int e = 0; e < 2; e++)
+              is[e] = _mm256_add_epi32(is[e], _mm256_add_epi32(_mm256_madd_epi16(lo[e], sp[0][e]),
+                                                               _mm256_madd_epi16(hi[e], sp[1][e])));
+          }
+        }
+      }
+    const __m256 dx = _mm256_set1_ps(x.dval(0, sb));
+    for (int e = 0; e < 2; e++) {
+      const __m256i isum = _mm256_sub_epi32(is[e], _mm256_slli_epi32(off[e], 5));
+      acc[e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(V::halves(head + 16 * e), dx), acc[e]);
+    }
+  }
+  _mm256_storeu_ps(y, acc[0]);
+  _mm256_storeu_ps(y + 8, acc[1]);
+}
+#endif
+
 }  // namespace offspec
 
 #include "ggml_x16_legacy.h"
@@ -393,7 +517,17 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
                      int64_t ystride) {
   const int64_t base = x16_base(type);
   const bool sums = type >= X16S_TYPES;  // a draft's products (the legacy types' legacy_x16s)
-  for (int64_t gi = 0; gi < groups; gi++)
+  for (int64_t gi = 0; gi < groups; gi++) {
+#ifndef OFFSPEC_AVX512
+    if (base == Q4_K && x.M == 1) {  // decoding: both halves in one walk
+      q4k_x16_avx2_one(w + gi * X16_ROWS * rb, x, y + gi * X16_ROWS);
+      continue;
+    }
+    if (base == Q6_K && x.M == 1) {
+      q6k_x16_avx2_one(w + gi * X16_ROWS * rb, (g0 + gi) * (x.K / 256), x, y + gi * X16_ROWS);
+      continue;
+    }
+#endif
     for (int64_t half = 0; half < X16_ROWS / VX16::LANES; half++) {
       const uint8_t* g = w + gi * X16_ROWS * rb;
       float* yg = y + gi * X16_ROWS + half * VX16::LANES;
@@ -429,6 +563,7 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
         default: break;
       }
     }
+  }
 }
 #endif  // OFFSPEC_AVX2
 

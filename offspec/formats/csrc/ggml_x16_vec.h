@@ -96,6 +96,7 @@ struct V8 {
   }
   static I shuffle(I table, I idx) { return _mm256_shuffle_epi8(table, idx); }
   static __m128i bytes(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+  static __m128i bytes16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
   static I u8x32(__m128i b) { return _mm256_cvtepu8_epi32(b); }  // the low 8 bytes
   static I s8x32(__m128i b) { return _mm256_cvtepi8_epi32(b); }
   static I pairs(__m128i a, __m128i b) { return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)); }
