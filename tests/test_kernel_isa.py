@@ -97,6 +97,9 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
         # a draft's products (a block's lanes summed as integers first): one result in every build too
         sums = ext.qgemm(x, mixed, tid + kernels.X16S_TYPES, cols)
         assert torch.equal(sums.view(torch.int32), drafts.view(torch.int32)), ext.isa()
+        for m in (1, 2):  # a draft's step (AVX2: both halves of a group in one walk) and its catch-up
+            sums = ext.qgemm(x[:m].clone(), mixed, tid + kernels.X16S_TYPES, cols)
+            assert torch.equal(sums.view(torch.int32), drafts[:m].view(torch.int32)), (ext.isa(), m)
 
 
 @pytest.fixture(scope="module")

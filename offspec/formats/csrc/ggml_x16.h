@@ -519,12 +519,19 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
   const bool sums = type >= X16S_TYPES;  // a draft's products (the legacy types' legacy_x16s)
   for (int64_t gi = 0; gi < groups; gi++) {
 #ifndef OFFSPEC_AVX512
-    if (base == Q4_K && x.M == 1) {  // decoding: both halves in one walk
-      q4k_x16_avx2_one(w + gi * X16_ROWS * rb, x, y + gi * X16_ROWS);
-      continue;
-    }
-    if (base == Q6_K && x.M == 1) {
-      q6k_x16_avx2_one(w + gi * X16_ROWS * rb, (g0 + gi) * (x.K / 256), x, y + gi * X16_ROWS);
+    if (x.M == 1 && (base == Q4_K || base == Q6_K || (sums && x16_legacy(base)))) {  // a step: one walk a group
+      const uint8_t* g = w + gi * X16_ROWS * rb;
+      float* yg = y + gi * X16_ROWS;
+      switch (base) {
+        case Q4_K: q4k_x16_avx2_one(g, x, yg); break;
+        case Q6_K: q6k_x16_avx2_one(g, (g0 + gi) * (x.K / 256), x, yg); break;
+        case Q4_0: legacy_x16s_avx2_one<Q4_0>(g, (g0 + gi) * (x.K / 32), x, yg); break;
+        case Q4_1: legacy_x16s_avx2_one<Q4_1>(g, (g0 + gi) * (x.K / 32), x, yg); break;
+        case Q5_0: legacy_x16s_avx2_one<Q5_0>(g, (g0 + gi) * (x.K / 32), x, yg); break;
+        case Q5_1: legacy_x16s_avx2_one<Q5_1>(g, (g0 + gi) * (x.K / 32), x, yg); break;
+        case Q8_0: legacy_x16s_avx2_one<Q8_0>(g, (g0 + gi) * (x.K / 32), x, yg); break;
+        default: legacy_x16s_avx2_one<IQ4_NL>(g, (g0 + gi) * (x.K / 32), x, yg); break;
+      }
       continue;
     }
 #endif

@@ -258,6 +258,51 @@ void legacy_x16s_tile(const uint8_t* g, int64_t first, int64_t half, const XSet&
   for (int r = 0; r < R; r++) V::store(y + (m0 + r) * ystride, MIN ? V::fadd(acc[r], offs[r]) : acc[r]);
 }
 
+#ifndef OFFSPEC_AVX512
+// legacy_x16s_tile for one activation row on AVX2, both halves of the group in one walk over its blocks (the
+// activations broadcast once for the 16 rows, each block read once, a prefetch ahead as the K-quants' one-row walks
+// take it): the same integer sums and float steps per row, so the same results.
+template <int64_t T>
+__attribute__((noinline)) void legacy_x16s_avx2_one(const uint8_t* g, int64_t first, const XSet& x, float* y) {
+  using V = V8;
+  using I = V::I;
+  using F = V::F;
+  constexpr bool MIN = T == Q4_1 || T == Q5_1, QH = T == Q5_0 || T == Q5_1;
+  constexpr LegacyX16Layout L = legacy_x16_layout(T);
+  F acc[2] = {V::fzero(), V::fzero()}, offs[2] = {V::fzero(), V::fzero()};  // rows 0..7, 8..15
+  for (int64_t xb = 0, n = x.K / 32; xb < n; xb++) {
+    const bool odd = (first + xb) % 2;
+    const uint8_t* b = g + xb * L.group_bytes;
+    x16_prefetch<1>(b, (L.group_bytes + 63) / 64);
+    const I qh[2] = {QH ? V::load(b + L.qh_at(odd)) : V::zero(), QH ? V::load(b + L.qh_at(odd) + 32) : V::zero()};
+    const I start = x16_offset_lanes(T) ? V::set32(-legacy_offset(T) * x.sval(0, xb)) : V::zero();
+    I is[2] = {start, start};
+    const int8_t* xq = x.qrow(0, xb);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const I xl = V::bcast4(xq + 4 * k), xh = V::bcast4(xq + 4 * (k + 4));
+      for (int e = 0; e < 2; e++) {
+        I lo, hi;
+        legacy_x16_chunk<V, T>(b + L.quants_at(odd), qh[e], k, e, lo, hi);
+        if constexpr (x16_offset_lanes(T) || MIN) {
+          is[e] = V::dpbusd(is[e], lo, xl);
+          is[e] = V::dpbusd(is[e], hi, xh);
+        } else {
+          is[e] = V::add(is[e], V::add(V::dot_signed(lo, xl), V::dot_signed(hi, xh)));
+        }
+      }
+    }
+    const F dx = V::fset(x.dval(0, xb));
+    for (int e = 0; e < 2; e++) {
+      acc[e] = V::fmadd(V::cvt(is[e]), V::fmul(V::halves(b + L.d_at(odd) + 16 * e), dx), acc[e]);
+      if constexpr (MIN)
+        offs[e] = V::fmadd(V::fmul(V::halves(b + L.m_at() + 16 * e), dx), V::fset((float)x.sval(0, xb)), offs[e]);
+    }
+  }
+  for (int e = 0; e < 2; e++) V::store(y + 8 * e, MIN ? V::fadd(acc[e], offs[e]) : acc[e]);
+}
+#endif
+
 // legacy_x16's rows for a draft: tiles of 8 activation rows (AVX-512) or 4 (AVX2), then the rest in one tile.
 template <class V, int64_t T>
 void legacy_x16s(const uint8_t* g, int64_t first, int64_t half, const XSet& x, float* y, int64_t ystride) {
