@@ -38,9 +38,10 @@
 // 2.3 KB ahead was slower at 3-4 rows, 13.5 KB at 2-3). The AVX2 kernels are slower per byte (no vpdpbusd), so
 // that one row keeps a core busy as several do on AVX-512: there a prefetch 13.5 KB ahead made the 1.5B target's
 // one-row products 1.07-1.20x faster (2 threads, the AVX2 build on Zen 4; 6.75 KB 1.06-1.14x, 20.25 KB the same
-// as 13.5), and a one-row pass walks both halves of a group at once (q4k_x16_avx2_one, q6k_x16_avx2_one). The
-// legacy types' exact passes of several rows are bound by their float steps (ggml_x16_legacy.h): a prefetch gained
-// them nothing; a draft's (legacy_x16s, 2 float steps a block) prefetch from 4 rows.
+// as 13.5), and a one-row pass walks both halves of a group at once (q4k_x16_avx2_one, q6k_x16_avx2_one, a draft's
+// legacy_x16s_avx2_one). The legacy types' exact passes of several rows are bound by their float steps
+// (ggml_x16_legacy.h): a prefetch gained them nothing; a draft's (legacy_x16s, 2 float steps a block) prefetch from
+// 4 rows.
 //
 // Exactness: a product computes the same exact integer sums per (weight row, super-block) as ggml_dot.h's kernels
 // (Q4_K: sum_j sc_j sum(q x) and sum_j m_j sum(x); Q6_K: sum_g sc_g sum((q - 32) x), taken as sum(q x) - 32 sum(x)
