@@ -88,7 +88,7 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
     for ext in (avx2, no_vnni, wide):
         mixed = ext.interleave(raw, tid, cols, True)
         assert torch.equal(mixed, wide.interleave(raw, tid, cols, True))  # one layout for every build
-        for m in (1, 3, 4, 9):
+        for m in (1, 2, 3, 4, 7, 9):  # tiles of 4 rows and each rest
             got = ext.qgemm(x[:m].clone(), mixed, tid + kernels.X16_TYPES, cols)
             assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), (ext.isa(), m)
         # a layer's products of one input (q/k/v, gate/up) share its quantization: the same bits, every weight
@@ -114,9 +114,9 @@ def avx2_build():
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", ("Q4_K", "Q6_K"))
 def test_avx2_one_row_products_hold_the_largest_sums(avx2_build, type_name):
-    """The AVX2 one-row walks (q4k_x16_avx2_one, q6k_x16_avx2_one) sum several chunks' products in 16-bit lanes:
-    at the largest quants, scales and activations (-128 for a negative block) they still compute the row-major
-    kernels' bits, in one row and in several."""
+    """The AVX2 walks (q4k_x16_avx2, q6k_x16_avx2 and their one-row forms) sum several chunks' products in 16-bit
+    lanes: at the largest quants, scales and activations (-128 for a negative block) they still compute the
+    row-major kernels' bits, in one row and in tiles of 2, 3 and 4."""
     ext = avx2_build
     rng = np.random.default_rng(10)
     tid, cols = ggml_type(type_name).id, 768
@@ -127,12 +127,12 @@ def test_avx2_one_row_products_hold_the_largest_sums(avx2_build, type_name):
         raw[:, :, :192] = 0xFF
         raw[:, :, 192:208] = np.array([0x7F, 0x80] * 8, dtype=np.uint8)
     raw = torch.from_numpy(raw.reshape(32, -1).copy())
-    x = torch.full((3, cols), -3.0)  # (3, cols): blocks of one negative value quantize to -128
-    x[1] = 3.0
+    x = torch.full((7, cols), -3.0)  # (7, cols): blocks of one negative value quantize to -128
+    x[1::2] = 3.0
     x[2, 256:512] = -x[2, 256:512]
     want = ext.qgemm(x, raw, tid, cols)  # row-major
     mixed = ext.interleave(raw, tid, cols, True)
-    for m in (1, 3):
+    for m in (1, 2, 3, 4, 7):
         got = ext.qgemm(x[:m].clone(), mixed, tid + kernels.X16_TYPES, cols)
         assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), m
     for r in range(3):
