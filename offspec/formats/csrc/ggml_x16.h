@@ -46,7 +46,8 @@
 // AVX2's passes of several rows are bound by instructions, not bytes (no vpdpbusd: a chunk and row costs a broadcast,
 // a maddubs and an add): q4k_x16_avx2 and q6k_x16_avx2 sum products in 16-bit lanes, scale them with vpmaddwd and
 // unpack each chunk once for tiles of 4 rows whose running sums stay in registers (V8::in_register). Hot in L2, one
-// Zen 4 core: Q4_K 2.4 cycles a chunk and row, Q6_K 3.7 (2 rows with spilled sums: 3.6, 5.0; AVX-512 1.6, 2.2).
+// Zen 4 core: Q4_K 2.4 cycles a chunk and row, Q6_K 3.7 (tiles of 2, sums spilled: 3.5-3.7, 4.8-5.1; AVX-512 1.6,
+// 2.2).
 //
 // Exactness: a product computes the same exact integer sums per (weight row, super-block) as ggml_dot.h's kernels
 // (Q4_K: sum_j sc_j sum(q x) and sum_j m_j sum(x); Q6_K: sum_g sc_g sum((q - 32) x), taken as sum(q x) - 32 sum(x)
@@ -587,7 +588,7 @@ using VX16 = V16;
 using VX16 = V8;
 #endif
 // Activation rows per pass over a group's weights; AVX2's 16 registers hold the 8 running sums of 4 rows
-// (V8::in_register), their scaled sums and accumulators stay in memory (4 rows 1.2-1.3x faster than 2 there).
+// (V8::in_register), their scaled sums and accumulators stay in memory (4 rows 1.15-1.3x faster than 2 there).
 constexpr int X16_TILE = 4;
 
 // y[r * ystride + 16 g + i] for the `groups` interleaved groups at w (16 rb bytes each, the first of them group
