@@ -113,7 +113,7 @@ def avx2_build():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", ("Q4_K", "Q6_K"))
-def test_avx2_one_row_products_hold_the_largest_sums(avx2_build, type_name):
+def test_avx2_products_hold_the_largest_sums(avx2_build, type_name):
     """The AVX2 walks (q4k_x16_avx2, q6k_x16_avx2 and their one-row forms) sum several chunks' products in 16-bit
     lanes: at the largest quants, scales and activations (-128 for a negative block) they still compute the
     row-major kernels' bits, in one row and in tiles of 2, 3 and 4."""

@@ -506,9 +506,7 @@ void q6k_x16_avx2(const uint8_t* g, int64_t first, int64_t half, const XSet& x, 
   }
   for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * ystride, acc[r]);
 }
-#endif
 
-#ifndef OFFSPEC_AVX512
 // q6k_x16 for one activation row on AVX2, both halves of the group in one walk (the broadcasts shared), and no
 // 32-bit multiply: two chunks' products summed in 16-bit lanes (at most 2 x 2 x 63 x 128 = 32256, exact), each scale
 // group's sum scaled by one vpmaddwd against (sc, sc) pairs, and the offset terms 32 sum_g sc_g sum(x_g) by one
@@ -637,12 +635,9 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
       auto run = [&](auto R) {
 #ifdef OFFSPEC_AVX512
         if (base == Q4_K) q4k_x16<VX16, decltype(R)::value>(g, half, x, r, yg, ystride);
-#else
-        if (base == Q4_K) q4k_x16_avx2<decltype(R)::value>(g, half, x, r, yg, ystride);
-#endif
-#ifdef OFFSPEC_AVX512
         else q6k_x16<VX16, decltype(R)::value>(g, (g0 + gi) * (x.K / 256), half, x, r, yg, ystride);
 #else
+        if (base == Q4_K) q4k_x16_avx2<decltype(R)::value>(g, half, x, r, yg, ystride);
         else q6k_x16_avx2<decltype(R)::value>(g, (g0 + gi) * (x.K / 256), half, x, r, yg, ystride);
 #endif
       };
