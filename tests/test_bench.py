@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from offspec import OffspecError
-from offspec.cli.bench import bench_max_budget, parse_setups, run_bench
+from offspec.cli import bench
+from offspec.cli.bench import bench_max_budget, markdown_table, parse_setups, run_bench
 from offspec.config import TreeConfig
 from offspec.util.prompts import read_prompts
 
@@ -134,6 +135,27 @@ def test_every_setup_runs_and_greedy_runs_match(tiny_pair, tmp_path):
     table = (tmp_path / "bench.md").read_text()
     assert "| tree64 | 2 |" in table and "greedy mismatches" in table
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_the_memory_speed_is_probed_before_each_prompt_and_a_moved_speed_is_said(tiny_pair, tmp_path, monkeypatch):
+    speeds = iter([30e9, 60e9])  # this VM's two memory speeds (docs/benchmarks.md)
+    probed = []
+
+    def probe(device, nbytes):
+        probed.append((device.type, nbytes))
+        return next(speeds)
+
+    monkeypatch.setattr(bench, "memory_bandwidth", probe)
+    report = run_bench(tiny_pair, ["Hello", "Hi"], parse_setups("ar,8", TreeConfig()), max_new_tokens=4,
+                       temperature=0.0, out_dir=tmp_path)
+    assert probed == [("cpu", bench.MEMORY_PROBE_BYTES)] * 2  # once a prompt, not once a set-up
+    assert [(c["at_prompt"], c["copy_bytes_per_s"]) for c in report["memory_checks"]] == [(0, 30e9), (1, 60e9)]
+    assert json.loads((tmp_path / "bench.json").read_text())["memory_checks"] == report["memory_checks"]
+    table = (tmp_path / "bench.md").read_text()
+    assert "Memory copy bandwidth before each prompt: 30.0-60.0 GB/s over 2 prompts, 2.00x apart: " in table
+    steady = {**report, "memory_checks": [{"copy_bytes_per_s": 34e9}, {"copy_bytes_per_s": 36e9}]}
+    assert "34.0-36.0 GB/s over 2 prompts." in markdown_table(steady)  # within 1.15x: nothing said to have moved
+    assert "Memory copy" not in markdown_table({**report, "memory_checks": []})
 
 
 def test_an_injected_mismatch_is_reported(tiny_pair, tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ from offspec.profile.curves import AcceptanceCurve, CostCurve
 from offspec.profile.guard import GuardConfig, SpeedGuard
 from offspec.profile.planner import PairCosts, PlannerConfig, draft_seconds, plan
 from offspec.types import PassStats
-from offspec.util.threads import CpuSample, ThreadGovernor
+from offspec.util.threads import CpuSample, ThreadGovernor, read_cpu
 
 ROOT = Path(__file__).parent.parent
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)
@@ -98,6 +98,16 @@ def test_governor_sizes_threads_to_the_cores_other_processes_leave():
         cpu.advance(2.5)
         gov.update()
     assert threads == [1]
+
+
+def test_a_childs_cpu_time_counts_as_our_own_not_another_processs():
+    # the first load compiles the kernels in a child process: the governor must not take that for a CPU hog
+    cpus = list(range(os.cpu_count() or 1))
+    before = read_cpu(cpus)
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"],
+                   check=True, timeout=60)
+    after = read_cpu(cpus)
+    assert after.own - before.own >= 0.45  # the child's half second of CPU, counted once it was waited for
 
 
 def test_governor_never_goes_above_the_configured_threads():

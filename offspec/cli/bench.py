@@ -11,9 +11,11 @@ per set-up instead, as in a chat or a server: before each prompt the index over 
 set-up's own replies to the prompts before it (never one to this prompt); the KV cache still starts cold.
 Greedy runs are checked token for token against `ar` (run first when present); a mismatch is counted and
 reported loudly. The `hf` peer is compared too but reported apart (`outputs_unlike_ar`): transformers attends
-with SDPA, not offspec's exact kernel, so a near-tie may go the other way there. Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the
-environment; the JSON is rewritten after each prompt, so a long run can be stopped and still read, and
-`resume=True` continues it (or extends it to more prompts) with the same settings.
+with SDPA, not offspec's exact kernel, so a near-tie may go the other way there. With the target on a CPU, a memory
+copy is timed before each prompt (`_memory_check`): a pass bound by memory follows the machine's memory speed.
+Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the environment; the JSON is
+rewritten after each prompt, so a long run can be stopped and still read, and `resume=True` continues it (or
+extends it to more prompts) with the same settings.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Callable, Optional
 
 from offspec.config import DRAFTERS, TreeConfig
 from offspec.errors import OffspecError
+from offspec.profile.hardware import memory_bandwidth
 from offspec.store.packed import ssd_files
 from offspec.util.files import atomic_write
 
@@ -188,6 +191,7 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
     # instead of whichever one happened to be running.
     for i in range(done, len(prompts)):
         prompt = prompts[i]
+        _memory_check(generator, report, i)
         references: dict[bool, list[int]] = {}  # the ar run's tokens, held to the schema (False) or free (True)
         for setup in setups:
             replies = tuple(r["token_ids"] for r in runs[setup.name]) if session else ()
@@ -231,6 +235,25 @@ def _disk_check(generator, report: dict, at_prompt: int) -> None:
     report.setdefault("disk_checks", []).append(
         {"at_prompt": at_prompt, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "ssd_read": raw["ssd_read"],
          "ssd_read_bytes": raw["ssd_read_bytes"], "ssd_read_mode": raw["ssd_read_mode"]})
+
+
+# A copy well past any CPU's last-level cache (read and written: twice this moved), about 0.1 s a prompt.
+MEMORY_PROBE_BYTES = 128 * 2**20
+MEMORY_SPREAD_NOTED = 1.15  # probes further apart than this: the table says the machine's speed moved
+
+
+def _memory_check(generator, report: dict, at_prompt: int) -> None:
+    """With the target on a CPU, time a memory copy before the prompt and append its bandwidth to
+    `report["memory_checks"]`. A resident target's pass reads every weight from memory, and cloud VMs switch
+    between memory speeds for seconds to minutes (a 2-vCPU EPYC: a copy at 34 or at 50-60 GB/s, a one-token pass
+    at 28 or 21 ms; docs/benchmarks.md): the probes show when a run's speed moved with the machine."""
+    if generator.info.device != "cpu":
+        return
+    import torch
+
+    report.setdefault("memory_checks", []).append(
+        {"at_prompt": at_prompt, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+         "copy_bytes_per_s": memory_bandwidth(torch.device("cpu"), MEMORY_PROBE_BYTES)})
 
 
 def prompt_sha(prompt: str) -> str:
@@ -341,6 +364,13 @@ def markdown_table(report: dict) -> str:
         shares = ", ".join(f"{d} {n / sum(drafters.values()):.0%}" for d, n in drafters.items()) or "-"
         lines.append(f"| {label} | {s['prompts']} | {s['tokens_per_pass']:.2f} | {s['tokens_per_second']:.2f} | "
                      f"{speedup} | {split} | {shares} | {_mismatches(s)} |")
+    memory = [c["copy_bytes_per_s"] for c in report.get("memory_checks", [])]
+    if memory:
+        low, high = min(memory), max(memory)
+        moved = (f", {high / low:.2f}x apart: the machine's memory speed moved during the run (the set-ups ran "
+                 f"prompt by prompt in turn, so each prompt's runs saw alike)" if high > MEMORY_SPREAD_NOTED * low else "")
+        lines.append(f"\nMemory copy bandwidth before each prompt: {low / 1e9:.1f}-{high / 1e9:.1f} GB/s over "
+                     f"{len(memory)} prompts{moved}.")
     checks = report.get("disk_checks")
     if checks:
         read = ", ".join(f"{c['ssd_read'] / 1e9:.2f} GB/s at prompt {c['at_prompt']}" for c in checks)

@@ -19,6 +19,7 @@ struct V16 {
     std::memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
   }
+  static void in_register(I&) {}  // 32 registers: the running sums stay in them anyway (V8::in_register)
   static I andv(I a, I b) { return _mm512_and_si512(a, b); }
   static I orv(I a, I b) { return _mm512_or_si512(a, b); }
   template <int n> static I srl16(I a) { return _mm512_srli_epi16(a, n); }
