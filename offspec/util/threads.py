@@ -90,7 +90,8 @@ def read_cpu(cpus: Sequence[int]) -> CpuSample:
             busy += sum(t) - t.idle - getattr(t, "iowait", 0.0)  # steal counts as busy: not ours to use
     own = psutil.Process().cpu_times()
     # A child's time is ours too: the first load compiles offspec's kernels in a child (about 40 s of g++ on 2
-    # cores), which counted as another process's and left the warm-up and the budget plan on one thread.
+    # cores), which counted as another process's and left the warm-up, the budget plan and `offspec profile`'s
+    # measurements on one thread.
     children = getattr(own, "children_user", 0.0) + getattr(own, "children_system", 0.0)
     return CpuSample(time.monotonic(), busy, own.user + own.system + children)
 
