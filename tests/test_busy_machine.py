@@ -100,7 +100,7 @@ def test_governor_sizes_threads_to_the_cores_other_processes_leave():
     assert threads == [1]
 
 
-def test_a_childs_cpu_time_counts_as_our_own_not_another_processs():
+def test_a_childs_cpu_time_counts_as_our_own():
     # the first load compiles the kernels in a child process: the governor must not take that for a CPU hog
     cpus = list(range(os.cpu_count() or 1))
     before = read_cpu(cpus)
