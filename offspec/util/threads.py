@@ -92,8 +92,7 @@ def read_cpu(cpus: Sequence[int]) -> CpuSample:
     # A child's time is ours too: the first load compiles offspec's kernels in a child (about 40 s of g++ on 2
     # cores), which counted as another process's and left the warm-up, the budget plan and `offspec profile`'s
     # measurements on one thread.
-    children = getattr(own, "children_user", 0.0) + getattr(own, "children_system", 0.0)
-    return CpuSample(time.monotonic(), busy, own.user + own.system + children)
+    return CpuSample(time.monotonic(), busy, own.user + own.system + own.children_user + own.children_system)
 
 
 @dataclass
