@@ -15,6 +15,7 @@ from typing import Iterator, Optional, Sequence
 from offspec.spec.engine import SpeculativeEngine
 from offspec.spec.grammar import TokenGrammar, grammar_tokenizer, json_schema_grammar, lark_grammar
 from offspec.spec.sampling import TokenChooser
+from offspec.util.device import sync_compute
 
 from .config import GenerationConfig, OutputConfig, TreeConfig, budget_room_error, generation_configs
 from .errors import OffspecError
@@ -163,6 +164,8 @@ class Generator:
         engine = self.engine
         start = time.perf_counter()
         reused = engine.reset_to(prompt_ids)
+        sync_compute(engine.target.device)  # sync: once a call, so that the prompt's time ends with its last layer
+        prefill_seconds = time.perf_counter() - start
         out: list[int] = []
         recorded = chooser.logprobs  # the chooser's records: one per token a pass emitted, in order
         logprobs: list[TokenLogprob] = []  # those of `out`'s tokens
@@ -227,6 +230,7 @@ class Generator:
         passes = [p if i == last_tree or p.tree is None else replace(p, tree=None) for i, p in enumerate(passes)]
         yield GenerationResult(text=text, token_ids=out, passes=passes, seconds=time.perf_counter() - start,
                                stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused,
+                               prefill_seconds=prefill_seconds,
                                logprobs=logprobs if chooser.top_logprobs is not None else None)
 
 

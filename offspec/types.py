@@ -67,6 +67,9 @@ class GenerationResult:
     stop_reason: str  # "eos", "stop", "max_tokens", "context", "cancelled"
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # prompt tokens whose KV cache was reused from the previous call
+    # the target's forward over the prompt's uncached tokens but its last (which the first pass takes), in
+    # `seconds`; a draft model catches up on the prompt in its first pass, counted after it
+    prefill_seconds: float = 0.0
     logprobs: Optional[list[TokenLogprob]] = None  # one per token of `token_ids`, when asked for
 
     @property
@@ -80,6 +83,17 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """The prompt tokens the prefill ran (the last one goes into the first pass)."""
+        return max(0, self.prompt_tokens - 1 - self.reused_prompt_tokens)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """New tokens a second after the prompt's prefill: what llama.cpp's `tg` (and its "eval time") measures."""
+        decode = self.seconds - self.prefill_seconds
+        return len(self.token_ids) / decode if decode > 0 else 0.0
 
     @property
     def draft_seconds(self) -> float:
@@ -98,6 +112,8 @@ class GenerationResult:
             "tokens_per_pass": round(self.tokens_per_pass, 4),
             "seconds": round(self.seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 4),
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "decode_tokens_per_second": round(self.decode_tokens_per_second, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "target_seconds": round(self.target_seconds, 4),
             "stop_reason": self.stop_reason,

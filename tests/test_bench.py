@@ -132,9 +132,23 @@ def test_every_setup_runs_and_greedy_runs_match(tiny_pair, tmp_path):
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["environment"]["target"] and len(saved["setups"]["tree8"]["runs"]) == 2
     assert saved["environment"]["torch_threads"] >= 1
+    for name, s in report["setups"].items():  # each run's prefill is timed apart, but transformers' (not split)
+        if name == "hf-assisted":
+            assert s["decode_tokens_per_second"] is None
+        else:
+            assert s["decode_tokens_per_second"] > s["tokens_per_second"] > 0, name
+            assert all(0 < r["prefill_seconds"] < r["seconds"] for r in s["runs"]), name
     table = (tmp_path / "bench.md").read_text()
-    assert "| tree64 | 2 |" in table and "greedy mismatches" in table
+    assert "| tree64 | 2 |" in table and "greedy mismatches" in table and "tokens/s after the prompt" in table
+    assert "| hf-assisted | 2 | " in table and table.split("| hf-assisted | 2 | ")[1].split(" | ")[2] == "-"
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_the_rate_after_the_prompt_leaves_each_prefill_out():
+    runs = [{"tokens": 10, "seconds": 3.0, "prefill_seconds": 1.0}, {"tokens": 20, "seconds": 4.0, "prefill_seconds": 0.0}]
+    assert bench._decode_rate(runs) == 30 / 6.0
+    assert bench._decode_rate([*runs, {"tokens": 5, "seconds": 1.0}]) is None  # a run that did not split its time
+    assert bench._decode_rate([]) is None
 
 
 def test_the_memory_speed_is_probed_before_each_prompt_and_a_moved_speed_is_said(tiny_pair, tmp_path, monkeypatch):

@@ -21,8 +21,11 @@ def test_generate_json_has_the_documented_fields(tiny_dirs):
                "--budget", "8", "Hello there")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    for key in ("text", "token_ids", "passes", "tokens_per_pass", "seconds", "tokens_per_second"):
+    for key in ("text", "token_ids", "passes", "tokens_per_pass", "seconds", "tokens_per_second",
+                "prefill_seconds", "decode_tokens_per_second"):
         assert key in out
+    assert 0 < out["prefill_seconds"] < out["seconds"]
+    assert out["decode_tokens_per_second"] > out["tokens_per_second"]  # the same tokens, without the prompt's time
     assert out["passes"] >= 1 and len(out["token_ids"]) <= 16
     assert abs(out["tokens_per_pass"] - len(out["token_ids"]) / out["passes"]) < 1e-3
 
@@ -34,7 +37,7 @@ def test_generate_streams_text_and_no_speculate_matches(tiny_dirs):
     spec, plain = run(*common), run(*common, "--no-speculate")
     assert spec.returncode == 0 and plain.returncode == 0, spec.stderr + plain.stderr
     assert spec.stdout == plain.stdout
-    assert "tokens/pass" in spec.stderr
+    assert "tokens/pass" in spec.stderr and "tokens/s; prompt " in spec.stderr and " s, then " in spec.stderr
 
 
 @pytest.mark.slow

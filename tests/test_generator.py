@@ -107,3 +107,34 @@ def test_bad_load_options_are_clear_errors(tiny_dirs):
         offspec.load(str(target), str(draft), bugdet=3)
     with pytest.raises(OffspecError):
         offspec.load(str(target) + "-missing", str(draft))
+
+
+def test_the_prompts_prefill_is_timed_apart_from_the_decode(tiny_pair, monkeypatch):
+    """A clock that moves only where the test says: 5 s in the prefill, 1 s a pass."""
+    import offspec.generator as generator_module
+
+    now = [100.0]
+    monkeypatch.setattr(generator_module.time, "perf_counter", lambda: now[0])
+    engine = tiny_pair.engine
+    engine.forget()  # the fixture is shared: start cold
+    reset_to, step = engine.reset_to, engine.autoregressive_step
+
+    def slow_reset(tokens):
+        now[0] += 5.0
+        return reset_to(tokens)
+
+    def slow_step(chooser):
+        now[0] += 1.0
+        return step(chooser)
+
+    monkeypatch.setattr(engine, "reset_to", slow_reset)
+    monkeypatch.setattr(engine, "autoregressive_step", slow_step)
+    result = tiny_pair.generate("Hello there", max_new_tokens=8, speculate=False)
+    assert len(result.token_ids) == result.n_passes == 8
+    assert result.prefill_seconds == 5.0 and result.seconds == 13.0
+    assert result.tokens_per_second == 8 / 13.0 and result.decode_tokens_per_second == 1.0
+    assert result.prefill_tokens == result.prompt_tokens - 1  # a cold cache: all but the last prompt token
+    again = tiny_pair.generate("Hello there", max_new_tokens=8, speculate=False)
+    assert again.reused_prompt_tokens == again.prompt_tokens - 1 and again.prefill_tokens == 0
+    summary = result.summary()
+    assert summary["prefill_seconds"] == 5.0 and summary["decode_tokens_per_second"] == 1.0

@@ -254,6 +254,13 @@ def test_speed_line_splits_weight_waiting_from_compute():
     assert speed_line(None, INFO, None) == "ready · budget 64 (profile)"
     meter.finish(GenerationResult("x", [1] * 8, [stats, stats], 2.0, "cancelled"))
     assert "4.0 tok/s" in speed_line(meter, INFO, None) and "cancelled" in speed_line(meter, INFO, None)
+    assert "prompt" not in speed_line(meter, INFO, None)  # no prompt token prefilled: no prompt time shown
+    meter.finish(GenerationResult("x", [1] * 8, [stats, stats], 2.0, "eos", prompt_tokens=40, prefill_seconds=0.5))
+    assert "prompt 0.50 s" in speed_line(meter, INFO, None)
+    cached = GenerationResult("x", [1] * 8, [stats], 2.0, "eos", prompt_tokens=40, reused_prompt_tokens=39,
+                              prefill_seconds=1e-5)
+    meter.finish(cached)
+    assert "prompt" not in speed_line(meter, INFO, None)  # all cached but the last token: nothing waited for
 
 
 def test_export_writes_markdown_without_overwriting(tmp_path):

@@ -36,6 +36,7 @@ class ReplyMeter:
     bytes_streamed: int = 0
     last_budget: Optional[int] = None
     seconds: Optional[float] = None  # the engine's wall time, once finished
+    prefill_seconds: Optional[float] = None  # the prompt's part of it, once finished
     stop_reason: Optional[str] = None
 
     def add(self, token_count: int, passes: tuple[PassStats, ...] = ()) -> None:
@@ -60,6 +61,7 @@ class ReplyMeter:
         self.io_known, self.bytes_streamed = False, 0
         self.add(0, tuple(result.passes))
         self.seconds = result.seconds
+        self.prefill_seconds = result.prefill_seconds if result.prefill_tokens else None  # all cached: no wait
         self.stop_reason = result.stop_reason
 
     @property
@@ -84,6 +86,7 @@ class ReplyMeter:
             "tokens_per_pass": round(self.tokens_per_pass, 3),
             "budget": self.last_budget,
             "io_wait_seconds": round(self.io_wait_seconds, 4) if self.io_known else None,
+            "prefill_seconds": round(self.prefill_seconds, 4) if self.prefill_seconds is not None else None,
         }
 
 
@@ -121,6 +124,8 @@ def speed_line(meter: Optional[ReplyMeter], info: ModelInfo, fixed_budget: Optio
         else:
             parts.append(f"target {_ms(per_pass)}/pass")
     parts.append(f"{meter.tokens} tok")
+    if meter.prefill_seconds is not None:  # the wait before the first token went into the prompt's uncached part
+        parts.append(f"prompt {meter.prefill_seconds:.2f} s")
     if meter.stop_reason:
         parts.append(meter.stop_reason)
     return " · ".join(parts)

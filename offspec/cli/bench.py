@@ -13,7 +13,8 @@ Greedy runs are checked token for token against `ar` (run first when present); a
 reported loudly. The `hf` peer is compared too but reported apart (`outputs_unlike_ar`): transformers attends
 with SDPA, not offspec's exact kernel, so a near-tie may go the other way there. With the target on a CPU, a memory
 copy is timed before each prompt (`_memory_check`): a pass bound by memory follows the machine's memory speed.
-Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the environment; the JSON is
+Tokens/s count each prompt's prefill (a user waits for it); "after the prompt" leaves it out, as llama.cpp's
+`tg` does. Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the environment; the JSON is
 rewritten after each prompt, so a long run can be stopped and still read, and `resume=True` continues it (or
 extends it to more prompts) with the same settings.
 """
@@ -120,6 +121,7 @@ def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temper
         except json.JSONDecodeError:
             parsed = {"json_parses": False}
     return {"tokens": len(result.token_ids), "passes": result.n_passes, "seconds": result.seconds, **parsed,
+            "prefill_seconds": result.prefill_seconds, "prompt_tokens": result.prompt_tokens,
             "reused_prompt_tokens": result.reused_prompt_tokens,  # 0: every run pays its own prefill
             "drafters": {d: drafted.count(d) for d in sorted(set(drafted))},  # passes by what built the tree
             "draft_seconds": result.draft_seconds, "target_seconds": result.target_seconds,
@@ -317,6 +319,8 @@ def summarize(runs: list[dict]) -> dict:
         "prompts": len(runs), "tokens": tokens, "passes": passes,
         "tokens_per_pass": tokens / passes if passes else 0.0,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
+        # after each prompt's prefill, as llama.cpp's tg measures (None: a run that does not split it, e.g. hf)
+        "decode_tokens_per_second": _decode_rate(runs),
         "draft_seconds_per_pass": per_pass("draft_seconds"),
         "target_seconds_per_pass": per_pass("target_seconds"),
         "io_wait_seconds_per_pass": per_pass("io_wait_seconds"),
@@ -340,6 +344,13 @@ def summarize(runs: list[dict]) -> dict:
     return summary
 
 
+def _decode_rate(runs: list[dict]) -> Optional[float]:
+    if not runs or any("prefill_seconds" not in r for r in runs):
+        return None
+    seconds = sum(r["seconds"] - r["prefill_seconds"] for r in runs)
+    return sum(r["tokens"] for r in runs) / seconds if seconds > 0 else 0.0
+
+
 def _mismatches(summary: dict) -> str:
     if "outputs_unlike_ar" in summary:  # a peer computing with its own numerics: not a losslessness check
         return f"{summary['outputs_unlike_ar']} (peer's own attention)"
@@ -349,8 +360,9 @@ def _mismatches(summary: dict) -> str:
 def markdown_table(report: dict) -> str:
     setups = report["setups"]
     ar = setups.get("ar")
-    lines = ["| set-up | prompts | tokens/pass | tokens/s | speed-up vs ar | draft s/pass | target s/pass | "
-             "MB streamed/pass | passes by drafter | greedy mismatches vs ar |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| set-up | prompts | tokens/pass | tokens/s | tokens/s after the prompt | speed-up vs ar | draft s/pass | "
+             "target s/pass | MB streamed/pass | passes by drafter | greedy mismatches vs ar |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in setups.items():
         speedup = f"{s['tokens_per_second'] / ar['tokens_per_second']:.2f}x" if ar and ar["tokens_per_second"] else "-"
         budgets = ",".join(str(b) if b else "none" for b in s["budgets"])  # 0: passes without a tree
@@ -362,8 +374,10 @@ def markdown_table(report: dict) -> str:
                      f"{s['bytes_streamed_per_pass'] / 1e6:.0f}")
         drafters = s.get("drafters") or {}
         shares = ", ".join(f"{d} {n / sum(drafters.values()):.0%}" for d, n in drafters.items()) or "-"
+        decode = s.get("decode_tokens_per_second")  # None: not split (hf, or a report from before the split)
+        decode = "-" if decode is None else f"{decode:.2f}"
         lines.append(f"| {label} | {s['prompts']} | {s['tokens_per_pass']:.2f} | {s['tokens_per_second']:.2f} | "
-                     f"{speedup} | {split} | {shares} | {_mismatches(s)} |")
+                     f"{decode} | {speedup} | {split} | {shares} | {_mismatches(s)} |")
     memory = [c["copy_bytes_per_s"] for c in report.get("memory_checks", [])]
     if memory:
         low, high = min(memory), max(memory)

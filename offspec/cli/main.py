@@ -106,8 +106,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     sys.stdout.write("\n")
     print(f"[{len(result.token_ids)} tokens, {result.n_passes} passes, {result.tokens_per_pass:.2f} tokens/pass, "
-          f"{result.tokens_per_second:.2f} tokens/s, stop: {result.stop_reason}]", file=sys.stderr)
+          f"{result.tokens_per_second:.2f} tokens/s; {_prompt_part(result)}, stop: {result.stop_reason}]",
+          file=sys.stderr)
     return 0
+
+
+def _prompt_part(result) -> str:
+    """The prompt's share of a generation, as llama.cpp splits its prompt and eval times."""
+    cached = f" ({result.reused_prompt_tokens} cached)" if result.reused_prompt_tokens else ""
+    return (f"prompt {result.prompt_tokens} tokens{cached} in {result.prefill_seconds:.2f} s, "
+            f"then {result.decode_tokens_per_second:.2f} tokens/s")
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

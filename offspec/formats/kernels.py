@@ -26,6 +26,7 @@ from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.util.paths import kernels_dir
 
 from .dequant import GRID_NAMES, grid_values
+from .kernel_builds import MARKER, mark_used, prune_stale_builds
 from .dequant import dequantize as torch_dequantize
 from .ggml import ggml_type
 from .gpu.choice import cuda_kernels
@@ -107,7 +108,7 @@ def _compile(progress: ProgressFn, flags: list[str]) -> Any:
     build_id = _build_id(flags)
     directory = kernels_dir() / f"ggml-cpu-{build_id}"
     directory.mkdir(parents=True, exist_ok=True)
-    done_marker = directory / "built"
+    done_marker = directory / MARKER
     message = "building the CPU kernels for this machine (one time, about a minute)"
     if not done_marker.exists():
         progress(ProgressEvent("kernels", message))
@@ -122,6 +123,11 @@ def _compile(progress: ProgressFn, flags: list[str]) -> Any:
     if not done_marker.exists():
         done_marker.write_text(build_id)
         progress(ProgressEvent("kernels", message, finished=True))
+        pruned = prune_stale_builds(kernels_dir(), directory)  # an upgrade's new build: the old ones may go
+        if pruned.removed or pruned.failed:
+            progress(ProgressEvent("kernels", pruned.message(), finished=True))
+    else:
+        mark_used(directory)
     for name in GRID_NAMES:  # the IQ types' lattice grids: gguf's own tables, handed to the decoders once
         ext.set_grid(ggml_type(name).id, torch.from_numpy(grid_values(name)).to(torch.int8))
     return ext

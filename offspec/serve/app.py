@@ -62,6 +62,7 @@ def _result_fields(result: GenerationResult, job: Job) -> dict:
                 completion_tokens=len(result.token_ids), passes=result.n_passes,
                 tokens_per_pass=round(result.tokens_per_pass, 3), tokens_per_second=round(result.tokens_per_second, 3),
                 budget=result.passes[-1].budget if result.passes else 0, seconds=round(result.seconds, 3),
+                prefill_seconds=round(result.prefill_seconds, 3),
                 queued_seconds=round(job.queued_seconds, 3), finish_reason=finish_reason(result))
 
 

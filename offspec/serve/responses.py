@@ -39,6 +39,7 @@ def speculation(result: GenerationResult, queued_seconds: float) -> dict:
         "draft_seconds": round(result.draft_seconds, 4),  # growing trees with the draft model
         "target_seconds": round(result.target_seconds, 4),  # the target's passes (verification)
         "seconds": round(result.seconds, 4),  # the whole decode, prefill included
+        "prefill_seconds": round(result.prefill_seconds, 4),  # the prompt's part of it (uncached tokens)
         "tokens_per_second": round(result.tokens_per_second, 4),
         "queued_seconds": round(queued_seconds, 4),  # waiting behind other requests
         "stop_reason": result.stop_reason,  # offspec's own: eos, stop, max_tokens, context
