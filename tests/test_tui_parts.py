@@ -252,6 +252,10 @@ def test_speed_line_splits_weight_waiting_from_compute():
     assert budget_label(gated, None, 32) == "suffix drafts where they pay (estimate)"
     assert budget_label(gated, 8) == "budget 8 (fixed)"
     assert speed_line(None, INFO, None) == "ready · budget 64 (profile)"
+    started = ReplyMeter(started=time.monotonic() - 3.2)  # a reply whose prompt is still being read
+    assert speed_line(started, INFO, None) == "waiting for the first token · 3 s · budget 64 (profile)"
+    started.finish(GenerationResult("", [], [], 3.5, "cancelled"))  # stopped before its first token
+    assert speed_line(started, INFO, None) == "ready · budget 64 (profile)"
     meter.finish(GenerationResult("x", [1] * 8, [stats, stats], 2.0, "cancelled"))
     assert "4.0 tok/s" in speed_line(meter, INFO, None) and "cancelled" in speed_line(meter, INFO, None)
     assert "prompt" not in speed_line(meter, INFO, None)  # no prompt token prefilled: no prompt time shown

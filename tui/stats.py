@@ -111,6 +111,9 @@ def _ms(seconds: float) -> str:
 def speed_line(meter: Optional[ReplyMeter], info: ModelInfo, fixed_budget: Optional[int]) -> str:
     """The first status line: speed of the current or last reply."""
     budget = budget_label(info, fixed_budget, meter.last_budget if meter else None)
+    if meter is not None and meter.tokens == 0 and meter.passes == 0 and meter.seconds is None:
+        # a reply under way before its first pass came back: the prompt's prefill (seconds on a CPU for a long one)
+        return f"waiting for the first token · {meter.elapsed:.0f} s · {budget}"
     if meter is None or meter.tokens == 0 and meter.passes == 0:
         return f"ready · {budget}"
     parts = [f"{meter.tokens_per_second:.1f} tok/s", f"{meter.tokens_per_pass:.2f} tok/pass", budget]
