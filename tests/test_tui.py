@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -226,8 +227,6 @@ def test_unexpected_load_error_points_to_a_log(tmp_path):
 
 
 def test_loading_screen_shows_each_step_with_progress(tmp_path):
-    import threading
-
     from offspec.progress import ProgressEvent
 
     gate = threading.Event()
@@ -314,6 +313,34 @@ def test_generation_error_is_shown_and_partial_text_kept(tmp_path):
 
     run_app(ChatApp(fake_factory(Failing()), data_dir=tmp_path), scenario)
     assert stored(tmp_path)[-1] == ("assistant", "Here is a", "error")
+
+
+def test_the_status_line_counts_the_wait_for_the_first_token_and_stops_when_the_reply_fails(tmp_path):
+    gate = threading.Semaphore(0)  # the fake's first pass waits for a permit: the prompt is still "being read"
+
+    class FailsBeforeAnyToken(FakeGenerator):
+        def stream(self, prompt, **kwargs):
+            if prompt[-1]["content"] == "fail":
+                raise RuntimeError("device lost")
+            yield from super().stream(prompt, **kwargs)
+
+    fake = FailsBeforeAnyToken(gate=gate)
+
+    async def scenario(app, pilot):
+        await chat_ready(app, pilot)
+        status = app.chat_screen.query_one(StatusLine)
+        app.screen.query_one("#prompt", Input).value = "hi"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: status.speed.startswith("waiting for the first token · "), "the waiting line")
+        for _ in range(100):
+            gate.release()
+        await wait_for(pilot, lambda: app.chat_screen.reply is None, "the reply to finish")
+        assert "tok/s" in status.speed and "waiting" not in status.speed
+        await send(app, pilot, "fail")
+        assert any("device lost" in str(n.message) for n in app._notifications)
+        assert status.speed.startswith("ready · ")  # not a wait that goes on counting after the failure
+
+    run_app(ChatApp(fake_factory(fake), data_dir=tmp_path), scenario)
 
 
 def test_quit_during_generation_saves_the_reply(tmp_path):

@@ -64,6 +64,11 @@ class ReplyMeter:
         self.prefill_seconds = result.prefill_seconds if result.prefill_tokens else None  # all cached: no wait
         self.stop_reason = result.stop_reason
 
+    def end(self, reason: str) -> None:
+        """The reply ended without the engine's result (it failed): its clock stops here."""
+        if self.seconds is None:
+            self.seconds, self.stop_reason = self.elapsed, reason
+
     @property
     def elapsed(self) -> float:
         return self.seconds if self.seconds is not None else time.monotonic() - self.started

@@ -26,10 +26,10 @@ from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.util.paths import kernels_dir
 
 from .dequant import GRID_NAMES, grid_values
-from .kernel_builds import MARKER, mark_used, prune_stale_builds
 from .dequant import dequantize as torch_dequantize
 from .ggml import ggml_type
 from .gpu.choice import cuda_kernels
+from .kernel_builds import MARKER, mark_used, prune_stale_builds
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_dot.h", "ggml_dot512.h", "ggml_amx.h",

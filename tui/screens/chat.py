@@ -212,6 +212,7 @@ class ChatScreen(Screen[None]):
             await reply.bubble.remove()
 
     def _end_reply(self, reply: ActiveReply) -> None:
+        reply.meter.end("error")  # a failed reply (no result) stops its clock; after a result it has stopped
         self.reply, self.last_meter = None, reply.meter
         self.refresh_bindings()
         self.refresh_status()
