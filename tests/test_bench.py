@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from offspec import OffspecError
-from offspec.cli import bench
+from offspec.cli import bench, bench_machine
 from offspec.cli.bench import bench_max_budget, markdown_table, parse_setups, run_bench
 from offspec.config import TreeConfig
 from offspec.util.prompts import read_prompts
@@ -159,10 +159,10 @@ def test_the_memory_speed_is_probed_before_each_prompt_and_a_moved_speed_is_said
         probed.append((device.type, nbytes))
         return next(speeds)
 
-    monkeypatch.setattr(bench, "memory_bandwidth", probe)
+    monkeypatch.setattr(bench_machine, "memory_bandwidth", probe)
     report = run_bench(tiny_pair, ["Hello", "Hi"], parse_setups("ar,8", TreeConfig()), max_new_tokens=4,
                        temperature=0.0, out_dir=tmp_path)
-    assert probed == [("cpu", bench.MEMORY_PROBE_BYTES)] * 2  # once a prompt, not once a set-up
+    assert probed == [("cpu", bench_machine.MEMORY_PROBE_BYTES)] * 2  # once a prompt, not once a set-up
     assert [(c["at_prompt"], c["copy_bytes_per_s"]) for c in report["memory_checks"]] == [(0, 30e9), (1, 60e9)]
     assert json.loads((tmp_path / "bench.json").read_text())["memory_checks"] == report["memory_checks"]
     table = (tmp_path / "bench.md").read_text()

@@ -12,7 +12,7 @@ set-up's own replies to the prompts before it (never one to this prompt); the KV
 Greedy runs are checked token for token against `ar` (run first when present); a mismatch is counted and
 reported loudly. The `hf` peer is compared too but reported apart (`outputs_unlike_ar`): transformers attends
 with SDPA, not offspec's exact kernel, so a near-tie may go the other way there. With the target on a CPU, a memory
-copy is timed before each prompt (`_memory_check`): a pass bound by memory follows the machine's memory speed.
+copy is timed before each prompt (bench_machine.py): a pass bound by memory follows the machine's memory speed.
 Tokens/s count each prompt's prefill (a user waits for it); "after the prompt" leaves it out, as llama.cpp's
 `tg` does. Results: a Markdown table, PNG plots and a JSON with every per-prompt number and the environment; the JSON is
 rewritten after each prompt, so a long run can be stopped and still read, and `resume=True` continues it (or
@@ -33,11 +33,9 @@ from typing import Callable, Optional
 
 from offspec.config import DRAFTERS, TreeConfig
 from offspec.errors import OffspecError
-from offspec.profile.hardware import memory_bandwidth
-from offspec.store.packed import ssd_files
 from offspec.util.files import atomic_write
 
-from .bench_offload import ssd_read
+from .bench_machine import disk_check, machine_notes, memory_check
 
 
 @dataclass(frozen=True)
@@ -188,12 +186,12 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
     done = min(len(r) for r in runs.values())
     if done:
         on_resumed(done)
-    _disk_check(generator, report, done)
+    disk_check(generator, report, done)
     # Prompt by prompt, every set-up in turn: a slow spell of a noisy machine then costs all set-ups alike
     # instead of whichever one happened to be running.
     for i in range(done, len(prompts)):
         prompt = prompts[i]
-        _memory_check(generator, report, i)
+        memory_check(generator, report, i)
         references: dict[bool, list[int]] = {}  # the ar run's tokens, held to the schema (False) or free (True)
         for setup in setups:
             replies = tuple(r["token_ids"] for r in runs[setup.name]) if session else ()
@@ -213,49 +211,13 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
             report["setups"][setup.name] = summarize(runs[setup.name])
             write_json(out_dir / "bench.json", report)
             on_progress(setup.name)
-    _disk_check(generator, report, len(prompts))
+    disk_check(generator, report, len(prompts))
     if "budget_adaptive" in generator.info.extra:  # where auto's re-planning ended (the environment has its start)
         report["budget_adaptive_end"] = _snapshot(generator.info.extra["budget_adaptive"])
     write_json(out_dir / "bench.json", report)
     (out_dir / "bench.md").write_text(markdown_table(report), encoding="utf-8")
     plot(report, out_dir / "bench.png")
     return report
-
-
-def _disk_check(generator, report: dict, at_prompt: int) -> None:
-    """With a target streamed from SSD, read its streamed layer files once the way the passes do (O_DIRECT)
-    and append the raw read speed to `report["disk_checks"]`: a slow disk then shows apart from slow code."""
-    placement = generator.info.extra.get("placement") or {}
-    if not placement.get("packed_dir"):
-        return
-
-
-    files = ssd_files(placement["packed_dir"], placement.get("tiers", []))
-    if not files:
-        return
-    raw = ssd_read(files, repeats=1)
-    report.setdefault("disk_checks", []).append(
-        {"at_prompt": at_prompt, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "ssd_read": raw["ssd_read"],
-         "ssd_read_bytes": raw["ssd_read_bytes"], "ssd_read_mode": raw["ssd_read_mode"]})
-
-
-# A copy well past any CPU's last-level cache (read and written: twice this moved), about 0.1 s a prompt.
-MEMORY_PROBE_BYTES = 128 * 2**20
-MEMORY_SPREAD_NOTED = 1.15  # probes further apart than this: the table says the machine's speed moved
-
-
-def _memory_check(generator, report: dict, at_prompt: int) -> None:
-    """With the target on a CPU, time a memory copy before the prompt and append its bandwidth to
-    `report["memory_checks"]`. A resident target's pass reads every weight from memory, and cloud VMs switch
-    between memory speeds for seconds to minutes (a 2-vCPU EPYC: a copy at 34 or at 50-60 GB/s, a one-token pass
-    at 28 or 21 ms; docs/benchmarks.md): the probes show when a run's speed moved with the machine."""
-    if generator.info.device != "cpu":
-        return
-    import torch
-
-    report.setdefault("memory_checks", []).append(
-        {"at_prompt": at_prompt, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-         "copy_bytes_per_s": memory_bandwidth(torch.device("cpu"), MEMORY_PROBE_BYTES)})
 
 
 def prompt_sha(prompt: str) -> str:
@@ -375,20 +337,9 @@ def markdown_table(report: dict) -> str:
         drafters = s.get("drafters") or {}
         shares = ", ".join(f"{d} {n / sum(drafters.values()):.0%}" for d, n in drafters.items()) or "-"
         decode = s.get("decode_tokens_per_second")  # None: not split (hf, or a report from before the split)
-        decode = "-" if decode is None else f"{decode:.2f}"
         lines.append(f"| {label} | {s['prompts']} | {s['tokens_per_pass']:.2f} | {s['tokens_per_second']:.2f} | "
-                     f"{decode} | {speedup} | {split} | {shares} | {_mismatches(s)} |")
-    memory = [c["copy_bytes_per_s"] for c in report.get("memory_checks", [])]
-    if memory:
-        low, high = min(memory), max(memory)
-        moved = (f", {high / low:.2f}x apart: the machine's memory speed moved during the run (the set-ups ran "
-                 f"prompt by prompt in turn, so each prompt's runs saw alike)" if high > MEMORY_SPREAD_NOTED * low else "")
-        lines.append(f"\nMemory copy bandwidth before each prompt: {low / 1e9:.1f}-{high / 1e9:.1f} GB/s over "
-                     f"{len(memory)} prompts{moved}.")
-    checks = report.get("disk_checks")
-    if checks:
-        read = ", ".join(f"{c['ssd_read'] / 1e9:.2f} GB/s at prompt {c['at_prompt']}" for c in checks)
-        lines.append(f"\nRaw read of the streamed layer files ({checks[0]['ssd_read_mode']}): {read}.")
+                     f"{'-' if decode is None else f'{decode:.2f}'} | {speedup} | {split} | {shares} | {_mismatches(s)} |")
+    lines += machine_notes(report)
     return "\n".join(lines) + "\n"
 
 
