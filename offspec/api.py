@@ -12,6 +12,7 @@ from offspec.formats.gpu.choice import cuda_kernels
 from offspec.formats.gguf_config import UNVERIFIED, VERIFIED, family_of
 from offspec.models.loading import check_same_tokenizer, load_pair, load_target
 from offspec.offload.config import OffloadConfig, checked_offload_dir, read_options
+from offspec.offload.hostmem import drop_cached_libraries
 from offspec.offload.prefill import chunk_planner
 from offspec.profile.auto import apply_auto_budget
 from offspec.spec.engine import SpeculativeEngine
@@ -143,6 +144,8 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     _warm_up(generator, plan, loaded, progress)
     if plan.auto_budget:
         _plan_budget(generator, plan, loaded, progress)
+    if plan.device.type == "cpu":
+        drop_cached_libraries()  # what loading read ahead of the libraries it imported: not the process's to hold
     return generator
 
 
@@ -154,8 +157,12 @@ def _load_models(plan: LoadPlan, progress: ProgressFn) -> _Loaded:
     governor = configure_threads(load_cfg.threads) if device.type == "cpu" else None
     use_device(device)  # cuda:N is the current device from here on (pinned memory, events, kernels)
     check_device_budget(device, plan.offload.device_mem)  # a --device-mem above what is free: one line, before loading
+    idle_draft = not plan.generation.speculate and load_cfg.draft != NO_DRAFT and plan.tree.drafter is None
+    if idle_draft:  # a draft that will not run takes no memory: a call that speculates anyway drafts from suffixes
+        progress(ProgressEvent("draft", "no draft model loaded: speculation is off (--no-speculate); a call that "
+                               "speculates uses suffix drafts", 1, 1, finished=True))
     try:
-        if load_cfg.draft == NO_DRAFT:
+        if load_cfg.draft == NO_DRAFT or idle_draft:
             t, d = load_target(load_cfg.target, device=device, dtype=plan.dtype,
                                attn_implementation=load_cfg.attn_implementation, progress=progress,
                                offload=plan.offload), None

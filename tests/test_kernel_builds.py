@@ -83,3 +83,14 @@ def test_a_new_build_prunes_the_old_ones_and_a_load_of_a_built_one_stamps_it(tmp
     events.clear()
     kernels._compile(events.append, ["-mfake"])  # built already: loaded, stamped, nothing pruned or announced
     assert events == [] and time.time() - last_used(built) < DAY
+
+
+def test_a_dead_builds_torch_lock_file_is_removed_once_our_flock_is_held(tmp_path):
+    """torch's FileBaton `lock` outlives a killed build (issue 63: a later start waited for it forever); a live
+    builder holds the flock, so one found under it is a dead build's."""
+    from offspec.formats.kernels import _build_lock
+
+    (tmp_path / "lock").write_text("")  # what a build killed by a memory cgroup left
+    with _build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+    assert (tmp_path / "offspec-build.flock").exists()

@@ -213,6 +213,17 @@ def test_failing_loader_shows_the_error_and_exits_non_zero(tmp_path):
     assert app.load_error.startswith("Loading failed during 'Warm up': target 'nope' not found")
 
 
+def test_ctrl_q_on_a_failed_load_exits_non_zero(tmp_path):
+    async def scenario(app, pilot):
+        await wait_for(pilot, lambda: app.loading_screen is not None and app.loading_screen.error is not None,
+                       "the load to fail")
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+
+    app = run_app(ChatApp(fake_factory(fail=OffspecError("target 'nope' not found")), data_dir=tmp_path), scenario)
+    assert app.return_code == 1
+
+
 def test_unexpected_load_error_points_to_a_log(tmp_path):
     async def scenario(app, pilot):
         await wait_for(pilot, lambda: app.loading_screen is not None and app.loading_screen.error is not None,

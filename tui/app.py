@@ -73,7 +73,7 @@ class ChatApp(App[int]):
     async def action_quit(self) -> None:
         if self.chat_screen is not None:
             self.chat_screen.abandon_reply()
-        self.exit(0)
+        self.exit(return_code=1 if self.load_error is not None else 0)  # ctrl+q on "Loading failed": a failure
 
     def on_unmount(self) -> None:
         if self.chat_screen is not None:

@@ -87,7 +87,7 @@ def add_generation_args(p: argparse.ArgumentParser, defaults: dict) -> None:
     g.add_argument("--max-new-tokens", type=int, help=f"stop after this many tokens (default {defaults['max_new_tokens']})")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--no-speculate", dest="speculate", action="store_false", default=None,
-                   help="plain autoregressive decoding of the target (the baseline)")
+                   help="plain autoregressive decoding of the target (the baseline); no draft model is loaded")
 
 
 def generation_options(args: argparse.Namespace) -> dict:
@@ -108,6 +108,8 @@ def load_options(args: argparse.Namespace) -> dict:
         chain = TreeConfig.chain(args.chain)
         options.update(budget=chain.budget, max_beams=chain.max_beams, branch=chain.branch, max_depth=chain.max_depth,
                        drafter=chain.drafter)
+    if getattr(args, "speculate", None) is False:  # --no-speculate: the loader then loads no draft model
+        options["speculate"] = False
     return dict(target=args.target, draft=args.draft, **options)
 
 

@@ -35,8 +35,11 @@ def memory_check(generator, report: dict, at_prompt: int) -> None:
     """With the target on a CPU, time a memory copy before the prompt and append its bandwidth to
     `report["memory_checks"]`. A resident target's pass reads every weight from memory, and cloud VMs switch
     between memory speeds for seconds to minutes (a 2-vCPU EPYC: a copy at 34 or at 50-60 GB/s, a one-token pass
-    at 28 or 21 ms; docs/benchmarks.md): the probes show when a run's speed moved with the machine."""
-    if generator.info.device != "cpu":
+    at 28 or 21 ms; docs/benchmarks.md): the probes show when a run's speed moved with the machine. Not with a
+    streamed target: its passes wait for the disk (`disk_check`), and the copy's 256 MB, outside the memory budget
+    the placement fitted, killed `--device-mem 1GB` runs inside a 1000M memory cgroup."""
+    layers = (generator.info.extra.get("placement") or {}).get("layers") or {}
+    if generator.info.device != "cpu" or layers.get("ram") or layers.get("ssd"):
         return
     import torch
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -102,6 +103,29 @@ def _build_id(flags: list[str]) -> str:
     return hashlib.sha256(f"{_source_id(flags)} {CSRC.resolve()}".encode()).hexdigest()[:12]
 
 
+@contextlib.contextmanager
+def _build_lock(directory: Path):
+    """Hold an exclusive flock on the build directory while torch builds or loads the kernels there. torch's own
+    lock (a `lock` file it creates, waits for, then deletes) outlives a build that was killed (a kernel build
+    started under a small memory cgroup: the compiler needs about 2 GB), and every later start then waits for it
+    forever. flock is let go when its process dies: whoever holds it is the only builder, so a `lock` file found
+    then is a dead build's and goes."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; torch's lock file alone
+        yield
+        return
+    with open(directory / "offspec-build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # waits for a live builder, never for a dead one
+        stale = directory / "lock"  # torch.utils.file_baton.FileBaton's
+        if stale.exists():
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _compile(progress: ProgressFn, flags: list[str]) -> Any:
     from torch.utils.cpp_extension import load
 
@@ -113,13 +137,14 @@ def _compile(progress: ProgressFn, flags: list[str]) -> Any:
     if not done_marker.exists():
         progress(ProgressEvent("kernels", message))
     cflags = ["-O3", "-ffp-contract=off", *flags]
-    try:
-        ext = load(f"offspec_ggml_{build_id}", [str(CSRC / "ggml_cpu.cpp")], extra_include_paths=[str(CSRC)],
-                   extra_cflags=cflags + ["-fopenmp"], extra_ldflags=["-fopenmp"], build_directory=str(directory),
-                   verbose=False)
-    except Exception:  # a compiler without OpenMP (Apple clang): serial kernels
-        ext = load(f"offspec_ggml_{build_id}", [str(CSRC / "ggml_cpu.cpp")], extra_include_paths=[str(CSRC)],
-                   extra_cflags=cflags, build_directory=str(directory), verbose=False)
+    with _build_lock(directory):
+        try:
+            ext = load(f"offspec_ggml_{build_id}", [str(CSRC / "ggml_cpu.cpp")], extra_include_paths=[str(CSRC)],
+                       extra_cflags=cflags + ["-fopenmp"], extra_ldflags=["-fopenmp"],
+                       build_directory=str(directory), verbose=False)
+        except Exception:  # a compiler without OpenMP (Apple clang): serial kernels
+            ext = load(f"offspec_ggml_{build_id}", [str(CSRC / "ggml_cpu.cpp")], extra_include_paths=[str(CSRC)],
+                       extra_cflags=cflags, build_directory=str(directory), verbose=False)
     if not done_marker.exists():
         done_marker.write_text(build_id)
         progress(ProgressEvent("kernels", message, finished=True))

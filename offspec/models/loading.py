@@ -7,6 +7,7 @@ it proposes through the text mapping (offspec/spec/xvocab.py).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from offspec.errors import OffspecError
 from offspec.offload.checkpoint import validate_weights
 from offspec.offload.config import OffloadConfig
+from offspec.offload.hostmem import drop_cached
 from offspec.offload.model import StoreDamaged, as_loaded, load_offloaded, load_offloaded_pair
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.store.entry import converted_dir, verify_entry
@@ -49,7 +51,7 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
         entry = converted_dir(resolved.key)
         if entry.is_dir() and verify_entry(entry) is None:
             where = str(entry)
-            if (entry / "tokenizer.json").is_file():
+            if _saved_tokenizer(resolved) is not None:
                 # the pipeline offspec saved when it converted the GGUF: loaded as it is, without the per-model
                 # class that rebuilds it from Python copies of the vocabulary and merges (which it keeps: 45 MB
                 # for Qwen2.5's 151,936 tokens, in the memory a small --device-mem budget has)
@@ -58,10 +60,35 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
             from_gguf = True
     try:
         with quiet_transformers():
-            return gguf_tokenizer(resolved.gguf) if from_gguf else cls.from_pretrained(where)
+            tokenizer = gguf_tokenizer(resolved.gguf) if from_gguf else cls.from_pretrained(where)
     except Exception as exc:
         reason = failure_reason(exc) if from_gguf else _reason(exc)
         raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: {reason}") from exc
+    saved = _saved_tokenizer(resolved)
+    if saved is not None:
+        drop_cached(saved)  # read once (11 MB for Qwen2.5): its pages would stay charged to a memory cgroup
+    return tokenizer
+
+
+def _saved_tokenizer(resolved: ResolvedModel) -> Optional[Path]:
+    """The tokenizer.json offspec saved in a GGUF's converted entry (None: there is none yet, or no GGUF)."""
+    if resolved.gguf is None:
+        return None
+    path = converted_dir(resolved.key) / "tokenizer.json"
+    return path if path.is_file() else None
+
+
+def same_saved_tokenizer(a: ResolvedModel, b: ResolvedModel) -> bool:
+    """Whether two GGUFs' converted entries saved byte-identical tokenizers (a Qwen2.5 pair does): the second one
+    need not be loaded (~40 MB, and a 100 MB parse on the way)."""
+    pa, pb = _saved_tokenizer(a), _saved_tokenizer(b)
+    if pa is None or pb is None or pa.stat().st_size != pb.stat().st_size:
+        return False
+    same = all((pa.parent / n).read_bytes() == (pb.parent / n).read_bytes() if (pa.parent / n).is_file()
+               else not (pb.parent / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
+    for path in (pa, pb):
+        drop_cached(path)  # read once here
+    return same
 
 
 def load_model(resolved: ResolvedModel, *, device: Union[torch.device, str], dtype: torch.dtype,
@@ -148,7 +175,7 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
     if offload is not None:
         _check_quant(draft_loc, offload.draft_quant, "--draft-quant", torch.device(device))
     if draft_tok is None:
-        draft_tok = load_tokenizer(draft_loc)
+        draft_tok = target_tok if same_saved_tokenizer(target_loc, draft_loc) else load_tokenizer(draft_loc)
     if tokenizer_difference(target_tok, draft_tok) is None:
         draft_tok = target_tok  # the same vocabulary and ids: one tokenizer serves both (a Qwen2.5 one holds ~100 MB)
     else:

@@ -31,6 +31,7 @@ from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_line
 from .checkpoint import Checkpoint
 from .config import OffloadConfig
 from .diskio import FileReader, aligned_empty
+from .hostmem import MADV_RANDOM, advise, drop_cached
 from .head import StreamedHead, chunk_crcs
 from .placement import Placement
 from .skeleton import Skeleton
@@ -102,13 +103,13 @@ def _mapped(path: Path, offset: int, nbytes: int) -> torch.Tensor:
 
 
 def _map_payload(path: Path, spec: LayerSpec) -> torch.Tensor:
-    """(nbytes,) uint8 view of a packed file's payload, mapped (`_mapped`); its checksum is taken through the
-    mapping, which reads the file once. CorruptPart on a bad crc. HEADER is a multiple of the page size, so the
-    payload is page-aligned as a read buffer's would be."""
-    payload = _mapped(path, HEADER, spec.nbytes)
-    if payload_crc(payload) != spec.crc32:
+    """(nbytes,) uint8 view of a packed file's payload, mapped (`_mapped`); CorruptPart on a bad crc. The checksum
+    is read apart (`_file_crc`), not through the mapping, so that only the pages the model touches are ever mapped:
+    a tied token table (a draft's 136 MB) is read one looked-up row at a time. HEADER is a multiple of the page size,
+    so the payload is page-aligned as a read buffer's would be."""
+    if _file_crc(path, spec) != spec.crc32:
         raise CorruptPart(f"{path}: checksum mismatch")
-    return payload
+    return _mapped(path, HEADER, spec.nbytes)
 
 
 def _file_crc(path: Path, spec: LayerSpec) -> int:
@@ -160,7 +161,8 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
     _bind_payload(sk.model, spec, payload, dtype)
     if crcs is not None:
         _swap_head(sk, packed, reader, config, crcs)
-    elif device.type == "cpu" and not sk.tied and isinstance(sk.model.get_output_embeddings(), QLinear):
+    elif (device.type == "cpu" and not sk.tied and config.interleave_head
+          and isinstance(sk.model.get_output_embeddings(), QLinear)):
         kernels.interleave(sk.model.get_output_embeddings())  # a resident head of its own: read at every step
     emb = sk.model.get_input_embeddings()
     if "embed" in packed.extras:
@@ -168,7 +170,9 @@ def _load_store_extras(sk: Skeleton, packed: PackedSet, reader: FileReader, devi
         path = packed.extra_path("embed")
         if config.verify != "never" and _file_crc(path, espec) != espec.crc32:
             raise CorruptPart(f"{path}: checksum mismatch")
-        _bind_payload(sk.model, espec, _mapped(path, HEADER, espec.nbytes), dtype)  # host pages, read where asked
+        table = _mapped(path, HEADER, espec.nbytes)  # host pages, read where asked, without read-ahead
+        advise(table, MADV_RANDOM)
+        _bind_payload(sk.model, espec, table, dtype)
     if sk.tied:
         sk.model.get_output_embeddings()._buffers["qweight"] = emb.qweight  # the LM head reads the token table
 
@@ -258,6 +262,7 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
             binding.bind(payload)
             if not cuda:
                 _interleave_resident(layer)
+                drop_cached(packed.path(i))  # its file's copies of the pages interleaving made ours
         elif tier == "ram":
             buf = aligned_empty(spec.file_bytes, pin=cuda, device=device)  # (file_bytes,) host copy, pinned on CUDA
             sources.append(LayerSource(i, spec, ram=_read_payload(reader, packed.path(i), spec, buf)))

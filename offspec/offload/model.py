@@ -42,6 +42,7 @@ from .checkpoint import Checkpoint
 from .config import WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
 from .head import StreamedHead, head_bytes_per_read
+from .hostmem import MADV_DONTNEED, advise, drop_cached, drop_cached_libraries
 from .hostmem import runtime_bytes as measured_runtime
 from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
 from .placement import ModelSizes, Placement, forced, plan_placement
@@ -318,32 +319,41 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
     `draft_head(model, source)` may reduce the draft's LM head before its bytes are counted (offspec/models/draft_vocab.py);
     `source` is the full head memory-mapped from the draft's store (None for a draft loaded the plain way)."""
     device = torch.device(device)
-    source = None  # the draft's full LM head, memory-mapped from its store
-    in_memory = 0  # bytes of the draft's weights in the process's own memory (not mapped from a store)
+    # the process's own memory (Python, torch, transformers, the tokenizer) before any weight: measured after the
+    # draft, it also held what loading the draft left in the heap (180 MB of a Qwen2.5 0.5B's), besides the draft's
+    # own bytes, which are counted below (`resident_bytes`: its weights, but the memory-mapped token table)
+    if device.type == "cpu":
+        import transformers.modeling_utils  # noqa: F401  the model classes' imports first (torch._dynamo: 120 MB)
+
+        trim_heap()
+        drop_cached_libraries()
+    runtime = measured_runtime() if device.type == "cpu" else 0
+    source = source_file = None  # the draft's full LM head, memory-mapped from its store, and that file
     if getattr(draft_res, "store", None) is None and config.draft_quant == "none":
         draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                            progress=progress, tokenizer=draft_tok)
-        in_memory = resident_bytes(draft.model) if device.type == "cpu" else 0
     else:
         model, handle = load_offloaded(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
-                                       config=replace(config, quant=config.draft_quant), progress=progress,
-                                       tiers="device", report=False)  # resident, from its packed store
+                                       config=replace(config, quant=config.draft_quant, interleave_head=False),
+                                       progress=progress, tiers="device", report=False)  # resident, from its store
         draft = LoadedModel(name=draft_res.name, path=draft_res.path, model=model, tokenizer=draft_tok)
         kernels.as_draft(model)  # its products as a draft's (a block's lanes summed as integers first)
-        # its weights interleaved for the CPU kernels are the process's own pages (materialize._interleave_resident)
-        in_memory = sum(m.qweight.numel() for m in model.modules() if isinstance(m, QLinear) and m.interleaved)
         head = model.get_output_embeddings()
         head_name = next((f"{n}.qweight" for n, m in model.named_modules() if m is head), None)
         if isinstance(head, QLinear) and handle.packed is not None and head_name is not None:
             source = mapped_tensor(handle.packed, head_name)
+            source_file = handle.packed.extra_path("other")
     trim_heap()
-    # the process's own memory (Python, torch, transformers, the tokenizer), without the draft's weights: those
-    # are counted with the draft below (from a store they are file pages on a CPU until its head is reduced, but
-    # for the interleaved ones)
-    runtime = measured_runtime(exclude=in_memory) if device.type == "cpu" else 0
     if draft_head is not None:
         draft_head(draft.model, source)
+        if source is not None:  # reducing the head read every row of it once; later admissions read a few again
+            advise(source, MADV_DONTNEED)
+            drop_cached(source_file)
         trim_heap()
+    head, table = draft.model.get_output_embeddings(), getattr(draft.model.get_input_embeddings(), "qweight", None)
+    tied = table is not None and isinstance(head, QLinear) and head.qweight.data_ptr() == table.data_ptr()
+    if device.type == "cpu" and isinstance(head, QLinear) and not tied:  # a whole head of its own, as a target's is
+        kernels.interleave(head)  # (a tied one is the token table, which the embeddings read row-major)
     elem = torch.empty((), dtype=dtype).element_size()
     draft_bytes = resident_bytes(draft.model)
     rows = getattr(draft.model.get_output_embeddings(), "ids", None)  # a reduced head's token ids

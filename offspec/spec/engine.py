@@ -167,9 +167,13 @@ class SpeculativeEngine:
         io0 = target.io_counters()
 
         n = tree.n
+        tokens_host = tree.tokens[:n].tolist()  # sync: the walk runs on the host (and the ids are checked there)
+        outside = [t for t in tokens_host if not 0 <= t < target.vocab_size]
+        if outside:  # a draft whose head is wider than the target's embedding: never fed to the target
+            raise OffspecError(f"the draft proposed token id {outside[0]}, outside the target's vocabulary of "
+                               f"{target.vocab_size} ids; use a draft with the target's tokenizer, or --draft none")
         hidden, slots = self.score_tree(tree)
 
-        tokens_host = tree.tokens[:n].tolist()  # sync: the walk runs on the host
         parents_host = tree.parents[:n].tolist()
         logits_at = self._walk_logits(hidden, parents_host, tree.scores[:n])
         path, bonus = acceptance_walk(tokens_host, parents_host, lambda i: chooser.choose(logits_at(i)))

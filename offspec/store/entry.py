@@ -19,7 +19,8 @@ from offspec.util.files import atomic_write, remove_stale_temps, sha256_file
 from offspec.util.paths import cache_dir
 
 MANIFEST = "offspec-manifest.json"
-FORMAT_VERSION = 2  # 1: float-only entries named <key>-<dtype> (removed when found)
+FORMAT_VERSION = 3  # 1: float-only entries named <key>-<dtype> (removed when found); 2: GGUF tokenizers that
+# could give a token an id past the vocabulary (Gemma-3's runs of spaces) or split a prompt otherwise than llama.cpp
 WEIGHTS_DIR = "weights"
 
 

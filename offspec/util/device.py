@@ -59,9 +59,26 @@ def resolve_dtype(name: Optional[str], device: torch.device) -> torch.dtype:
 
 def use_device(device: torch.device) -> None:
     """Make `device` the current CUDA device of this thread (allocations, events and streams without an explicit
-    device, and the CUDA context that pinned host memory is registered in, go there). No-op on CPU."""
+    device, and the CUDA context that pinned host memory is registered in, go there). On a machine without CUDA:
+    `cpu_only_imports`."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    elif not torch.cuda.is_available():
+        cpu_only_imports()
+
+
+def cpu_only_imports() -> None:
+    """Where no CUDA device exists, torch._dynamo's import-time probe for Triton (`has_triton_package`, which
+    transformers' model classes reach) answers no instead of importing it: Triton's library is 120 MB of pages a
+    memory budget of 1 GB would hold for nothing (it only compiles GPU kernels). offspec's own Triton code imports
+    it by name and is unaffected. Once dynamo is imported, its answer is kept: then this does nothing."""
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return
+    import torch.utils._triton as probe
+
+    probe.has_triton_package = lambda: False
 
 
 def sync_compute(device: torch.device) -> None:
