@@ -228,6 +228,7 @@ STAGING_BUFFERS = 2  # host staging buffers the SSD reader fills ahead of the co
 PREFILL_TOKENS = 512  # a prefill pass of at least this many tokens fits in the activation reserve (issue 12)
 MIN_FIT_BUDGET = 64  # the smallest max_budget / max_context the loader lowers defaults to (fit_limits)
 MIN_FIT_CONTEXT = 1024
+LAST_FIT_CONTEXT = 512  # ... and down to this once the prefill reserve and the staging buffers are at their least
 MIN_FIT_PREFILL = 128  # prefill passes of a streamed target: at least this many tokens each
 
 # metadata of a config field that is no option of `offspec.load` / the CLI: set by offspec itself (the loader,
@@ -281,6 +282,8 @@ class OffloadConfig:
             return replace(self, prefill_tokens=max(MIN_FIT_PREFILL, self.prefill_tokens // 2))
         if self.staging_buffers > 1:  # one read fewer ahead of the compute
             return replace(self, staging_buffers=1)
+        if "max_context" in self.fit_limits and self.max_context > LAST_FIT_CONTEXT:  # the last resort
+            return replace(self, max_context=max(LAST_FIT_CONTEXT, self.max_context // 2))
         return None
 
     def validate(self) -> "OffloadConfig":

@@ -17,7 +17,7 @@ import torch
 
 import offspec
 from offspec import OffspecError
-from offspec.config import MIN_FIT_PREFILL, OffloadConfig
+from offspec.config import LAST_FIT_CONTEXT, MIN_FIT_CONTEXT, MIN_FIT_PREFILL, OffloadConfig
 
 
 def _floor(config: OffloadConfig) -> OffloadConfig:
@@ -30,7 +30,14 @@ def test_explicit_limits_are_lowered_no_less_than_the_defaults():
     defaults = _floor(OffloadConfig(fit_limits=("max_budget", "max_context")))
     given = _floor(OffloadConfig(max_context=1024, max_budget=64))  # both given: fit_limits empty
     assert (given.max_context, given.max_budget) == (1024, 64)  # what the user gave stays
-    assert (defaults.max_context, defaults.max_budget) == (1024, 64)
+    assert (defaults.max_context, defaults.max_budget) == (LAST_FIT_CONTEXT, 64)
+    # the context goes below MIN_FIT_CONTEXT only once the two internal limits are at their least
+    at_floor = OffloadConfig(max_context=MIN_FIT_CONTEXT, max_budget=64, fit_limits=("max_context",))
+    steps = [at_floor]
+    while (smaller := steps[-1].smaller_limits()) is not None:
+        steps.append(smaller)
+    first_below = next(i for i, c in enumerate(steps) if c.max_context < MIN_FIT_CONTEXT)
+    assert steps[first_below - 1].prefill_tokens == MIN_FIT_PREFILL and steps[first_below - 1].staging_buffers == 1
     assert given.prefill_tokens == defaults.prefill_tokens == MIN_FIT_PREFILL
     assert given.staging_buffers == defaults.staging_buffers == 1
 

@@ -33,6 +33,11 @@ class BigramRunner:
         self.logits_rows: list[list[int]] = []  # the "hidden states" (token ids) of each logits call
         self.head_is_row_invariant = True  # a table lookup: the same row whatever the batch
 
+    @property
+    def vocab_size(self) -> int:
+        """The width of its logits (ModelRunner.vocab_size): the ids a tree may hold."""
+        return self.vocab
+
     def io_counters(self) -> tuple[int, float]:
         return 0, 0.0  # nothing streams
 
