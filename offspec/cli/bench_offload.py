@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import platform
 import statistics
 import sys
@@ -38,6 +37,7 @@ from offspec.formats.gpu.choice import cuda_kernels
 from offspec.models.loading import load_model
 from offspec.models.sources import resolve_model
 from offspec.offload.diskio import FileReader, aligned_empty
+from offspec.offload.hostmem import drop_cached
 from offspec.offload.model import load_offloaded
 from offspec.offload.skeleton import _empty_model
 from offspec.profile.hardware import host_to_device
@@ -184,16 +184,12 @@ def accelerate_model(resolved: Any, tiers: tuple[str, ...], device: torch.device
 
 
 def drop_page_cache(paths: list[Path]) -> None:
-    """posix_fadvise(DONTNEED) on each file: its clean cached pages are dropped (pages mapped elsewhere stay)."""
+    """`offload.hostmem.drop_cached` on each file: its clean cached pages are dropped (pages mapped elsewhere stay)."""
     for path in paths:
         try:
-            fd = os.open(path, os.O_RDONLY)
+            drop_cached(path)
         except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+            continue  # a file that cannot be opened keeps its pages
 
 
 # --- report ----------------------------------------------------------------------------------------
