@@ -12,7 +12,6 @@ from offspec.formats.gpu.choice import cuda_kernels
 from offspec.formats.gguf_config import UNVERIFIED, VERIFIED, family_of
 from offspec.models.loading import check_same_tokenizer, load_pair, load_target
 from offspec.offload.config import OffloadConfig, checked_offload_dir, read_options
-from offspec.offload.hostmem import drop_cached_libraries
 from offspec.offload.prefill import chunk_planner
 from offspec.profile.auto import apply_auto_budget
 from offspec.spec.engine import SpeculativeEngine
@@ -144,8 +143,6 @@ def load(target: Optional[str] = None, draft: Optional[str] = None, *, progress:
     _warm_up(generator, plan, loaded, progress)
     if plan.auto_budget:
         _plan_budget(generator, plan, loaded, progress)
-    if plan.device.type == "cpu":
-        drop_cached_libraries()  # what loading read ahead of the libraries it imported: not the process's to hold
     return generator
 
 

@@ -14,7 +14,8 @@ reason. Otherwise the test changes only this, so that each run stays short:
 - the commands get a temp config dir (no measured profile) and data dir (chat history), and share the user's
   cache, where `offspec setup` converted the default pair (converting it again would take minutes; the SmolLM2
   GGUF that stands for a user's own model is converted into it once);
-- a line that repeats another (after the changes above) runs once: its repeats share the outcome.
+- a line that repeats another (after the changes above) runs once: its repeats share the outcome;
+- they run two at a time (`outcomes`), each bench with its own `--out`.
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def _prepared(command: Command, local: dict) -> list:
     if argv[0] in ("generate", "bench") and argv[:2] != ["bench", "offload"]:
         argv = _with(argv, "--max-new-tokens", "8")
     if argv[0] == "bench" and argv[:2] != ["bench", "offload"]:
-        argv = _with(_with(argv, "--n", "1"), "--out", str(local["root"] / "bench-out"))
+        argv = _with(_with(argv, "--n", "1"), "--out", str(local["root"] / "bench-out"))  # each its own: `outcomes`
     if argv[0] == "serve":
         argv = _with(argv, "--port", "0")
     return argv
@@ -333,28 +334,71 @@ def _cgroup_problem() -> Optional[str]:
     return None if proc.returncode == 0 else proc.stderr.strip().splitlines()[-1]
 
 
-OUTCOMES: dict = {}  # (env, cap, argv) -> (where, problem or None): a repeated line runs once
-
-
 def _needs_pair(command: Command) -> bool:
     return command.argv[0] in LOADS
+
+
+def _skip_reason(command: Command) -> Optional[str]:
+    if command.marker:
+        return f"marked [{command.marker}] in the docs: {REASONS[command.marker]}"
+    if command.cap and (why := _cgroup_problem()):
+        return f"no memory cgroup for scripts/capped.sh here: {why}"
+    return None
+
+
+def _key(command: Command, local: dict) -> tuple:
+    return (command.env, command.cap, tuple(_prepared(command, local)))
+
+
+WORKERS = 2  # commands run at a time: most of a command is its start (imports, loading), which leaves a core idle
+
+
+@pytest.fixture(scope="module")
+def outcomes(local, request) -> dict:
+    """(env, cap, argv) -> a future of (where, problem or None), for every documented command this session runs:
+    a repeated line runs once. They start here, WORKERS at a time, each test waiting for its own. A command that
+    converts the SmolLM2 GGUF into the shared cache runs alone first (two conversions of one file would race)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    chosen = [item.callspec.params["command"] for item in request.session.items
+              if item.originalname == "test_documented_command_runs"]
+    todo: dict = {}
+    for command in chosen:
+        if _skip_reason(command) is None and (key := _key(command, local)) not in todo:
+            todo[key] = command
+    if any(_needs_pair(c) for c in todo.values()):
+        _require_pair()
+
+    def run(key: tuple, command: Command) -> tuple:
+        argv = list(key[2])
+        if argv[0] == "bench" and argv[1:2] != ["offload"]:  # each its own results dir: two at once must not share
+            argv = _with(argv, "--out", str(local["root"] / f"bench-{list(todo).index(key)}"))
+        runner = {"chat": _chat, "serve": _serve}.get(argv[0])
+        env = _env(command, local)
+        return command.where, runner(argv, env) if runner else _run(argv, env, command.cap)
+
+    futures: dict = {}
+    first = next((k for k in todo if local["files"]["smollm2"] in k[2]), None)
+    if first is not None:
+        done = Future()
+        try:
+            done.set_result(run(first, todo[first]))
+        except Exception as exc:  # noqa: BLE001 - its own test reports it (a timeout); the others still run
+            done.set_exception(exc)
+        futures[first] = done
+    pool = ThreadPoolExecutor(max_workers=WORKERS)
+    futures.update({key: pool.submit(run, key, command) for key, command in todo.items() if key not in futures})
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [pytest.param(c, id=c.where, marks=[pytest.mark.integration] * _needs_pair(c))
                                      for c in COMMANDS])
-def test_documented_command_runs(command, local):
-    if command.marker:
-        pytest.skip(f"marked [{command.marker}] in the docs: {REASONS[command.marker]}")
-    if command.cap and (why := _cgroup_problem()):
-        pytest.skip(f"no memory cgroup for scripts/capped.sh here: {why}")
-    if _needs_pair(command):
-        _require_pair()
-    argv, env = _prepared(command, local), _env(command, local)
-    key = (command.env, command.cap, tuple(argv))
-    if key not in OUTCOMES:
-        runner = {"chat": _chat, "serve": _serve}.get(argv[0])
-        OUTCOMES[key] = (command.where, runner(argv, env) if runner else _run(argv, env, command.cap))
-    first, problem = OUTCOMES[key]
+def test_documented_command_runs(command, local, outcomes):
+    if why := _skip_reason(command):
+        pytest.skip(why)
+    key = _key(command, local)
+    first, problem = outcomes[key].result()
     same = f" (as {first})" if first != command.where else ""
-    assert problem is None, f"{command.where}: `{command.text}`{same} ran as `{shlex.join(argv)}`: {problem}"
+    assert problem is None, f"{command.where}: `{command.text}`{same} ran as `{shlex.join(key[2])}`: {problem}"

@@ -127,11 +127,13 @@ def test_the_reduced_head_gives_the_full_heads_rows_bit_for_bit(type_name):
     assert sub.token_ids.tolist() == ids.tolist() and sub.admit([7]) == 1
 
 
-@pytest.mark.parametrize("layout", ["auto", "rows"])
-def test_a_reduced_heads_rows_chosen_at_load_are_interleaved_and_give_the_same_bits(layout, monkeypatch):
+@pytest.mark.parametrize("layout,gather", [("auto", 4096), ("auto", 16), ("rows", 16)])
+def test_a_reduced_heads_rows_chosen_at_load_are_interleaved_and_give_the_same_bits(layout, gather, monkeypatch):
     """On a CPU with the compiled kernels, the rows chosen at load are interleaved 16 at a time (two groups and 5
-    rows here), from an interleaved head or from its store's rows; the admitted rows stay row-major after them."""
+    rows here), from an interleaved head or from its store's rows; the admitted rows stay row-major after them.
+    Gathered 16 rows at a time (three chunks here) or all at once, the same bits."""
     monkeypatch.setenv(kernels.LAYOUT_VARIABLE, layout)
+    monkeypatch.setattr("offspec.models.draft_vocab.GATHER_ROWS", gather)
     rng = np.random.default_rng(1)
     tid = __import__("gguf").GGMLQuantizationType["Q8_0"].value
     raw = torch.from_numpy(random_blocks(rng, "Q8_0", 300, 256))  # (300, row_bytes)
@@ -150,6 +152,37 @@ def test_a_reduced_heads_rows_chosen_at_load_are_interleaved_and_give_the_same_b
         assert sub.admit([3, 299, 8]) == 2
         assert torch.equal(sub.subset(x), full[:, sub.token_ids])
         assert torch.equal(sub(x)[:, sub.token_ids], full[:, sub.token_ids])
+
+
+def test_a_reduced_head_gathered_from_a_file_mapping_lets_its_pages_go_and_keeps_every_row(tmp_path, monkeypatch):
+    """A store's full head, memory-mapped: the pages read for each chunk go as the gathering moves on (so the whole
+    head is never resident at once); later admissions read their rows again from the file, the same bytes."""
+    import mmap
+
+    monkeypatch.setattr("offspec.models.draft_vocab.GATHER_ROWS", 16)
+    rng = np.random.default_rng(2)
+    tid = __import__("gguf").GGMLQuantizationType["Q8_0"].value
+    raw = torch.from_numpy(random_blocks(rng, "Q8_0", 4096, 256))  # (4096, 272): 1.1 MB, 272 pages
+    (tmp_path / "head.bin").write_bytes(raw.numpy().tobytes())
+    with open(tmp_path / "head.bin", "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    source = torch.frombuffer(mapping, dtype=torch.uint8).view(raw.shape)  # (4096, 272) read-only file pages
+    released = []
+    advise = __import__("offspec.models.draft_vocab", fromlist=["advise"]).advise
+    monkeypatch.setattr("offspec.models.draft_vocab.advise", lambda v, a: (released.append(v.shape[0]), advise(v, a)))
+    head = QLinear(tid, 256, 4096, False, torch.device("cpu"))
+    head.qweight.copy_(raw)
+    ids = torch.arange(0, 4096, 7)  # (586,) ascending
+    sub = SubsetHead(head, ids, 4096, source=source, extra=8, source_mapped=True)
+    assert released == sorted(released) and len(released) == -(-586 // 16) and released[-1] == int(ids[-1])
+    x = torch.randn(3, 256)
+    full = head(x)  # (3, 4096)
+    assert torch.equal(sub.subset(x), full[:, ids])
+    assert sub.admit([1, 4094, 2000]) == 3  # rows read again from the file, after their pages went
+    assert torch.equal(sub.subset(x), full[:, sub.token_ids])
+    released.clear()
+    SubsetHead(head, ids, 4096, source=raw, extra=8)  # an ordinary tensor: never advised (DONTNEED would zero it)
+    assert released == []
 
 
 def test_a_new_conversation_refreshes_a_head_half_full_of_earlier_tokens():

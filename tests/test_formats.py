@@ -117,6 +117,37 @@ def test_kernel_rows_are_bitwise_the_same_whatever_the_batch_and_threads(type_na
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("type_name", ("Q2_K", "Q3_K"))
+def test_q2_k_and_q3_k_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
+    """Their integer kernels (csrc/ggml_dot_low.h) from a decoding step (8 weight rows side by side) to a wide pass
+    (tiles of 8 activation rows): a row's bits never depend on the rows beside it or the threads, and the largest
+    integer sums stay exact (weights and activations at their extremes)."""
+    raw = blocks(type_name, rows=11).numpy().reshape(11, 2, -1).copy()  # (rows, super-blocks, bytes)
+    if type_name == "Q2_K":  # 16 scale bytes, 64 quant bytes: every scale and minimum 15, every quant 3
+        raw[:3, :, :80] = 0xFF
+    else:  # hmask, quants and scale bytes of zeros: every quant -4, every scale -32
+        raw[:3, :, :108] = 0
+    raw = torch.from_numpy(raw.reshape(11, -1))  # (11, row_bytes) uint8
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((1024, 512)).astype(np.float32))
+    x[:2] = 3.0  # activation blocks of 127s and of -127s
+    x[1, 256:] = -3.0
+    x[5, :256] = 0.0  # an activation block of zeros (scale 0)
+    tid = ggml_type(type_name).id
+    full = kernels.linear(x, raw, tid, 512)  # (1024, 11)
+    w = reference(raw, type_name, 512).astype(np.float64)
+    want = _quantized_activations(x[:8].numpy(), type_name).astype(np.float64) @ w.T
+    assert np.abs(full[:8].numpy() - want).max() <= 1e-5 * np.abs(want).max()
+    threads = torch.get_num_threads()
+    try:
+        for m in (1, 17, 64):
+            for start in (0, 5, 1024 - m):
+                assert torch.equal(kernels.linear(x[start : start + m].clone(), raw, tid, 512), full[start : start + m])
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.linear(x, raw, tid, 512), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("type_name", KERNEL_NAMES)
 def test_no_activation_rows_give_an_empty_product(type_name):
     raw = blocks(type_name, rows=37)

@@ -1,6 +1,6 @@
 """The CPU kernels' instruction sets: AVX-512 (two blocks per instruction) computes the AVX2 kernels' bits, the AMX
-tiles (K-quants and IQ4_XS of wide passes) compute the AVX-512 kernels' bits, and OFFSPEC_KERNEL_ISA picks the
-variant."""
+tiles (K-quants and IQ4_XS of wide passes) compute the AVX-512 kernels' bits, the scalar K-quant kernels the AVX2
+ones', and OFFSPEC_KERNEL_ISA picks the variant."""
 
 from __future__ import annotations
 
@@ -53,13 +53,13 @@ def no_vnni(two_builds):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("type_name", ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "IQ4_NL", "IQ4_XS"))
+@pytest.mark.parametrize("type_name", ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K"))
 def test_avx512_without_vnni_computes_the_same_bits(two_builds, no_vnni, type_name):
     wide, avx2 = two_builds
     assert no_vnni.isa() == "AVX-512"
     rng = np.random.default_rng(8)
     tid = ggml_type(type_name).id
-    # an odd and an even number of blocks of 32 (of super-blocks of 256 for IQ4_XS)
+    # an odd and an even number of blocks of 32 (of super-blocks of 256 for IQ4_XS and the K-quants)
     for cols in ((480, 512) if activation_block(type_name) == 32 else (768, 512)):
         raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))
         x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
@@ -109,6 +109,29 @@ def avx2_build():
     if kernels.compiled().isa() == "scalar":
         pytest.skip("this CPU has no AVX2: the kernels in use are the scalar ones")
     return kernels.build_variant("avx2")
+
+
+@pytest.fixture(scope="module")
+def scalar_build(avx2_build):
+    """The kernels without SIMD, as a CPU without AVX2 builds them."""
+    return kernels._compile(no_progress, [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("type_name", [name for name in INTEGER if activation_block(name) == 256])
+def test_scalar_k_quant_kernels_compute_the_avx2_kernels_bits(avx2_build, scalar_build, type_name):
+    """The K-quants' and IQ4_XS's super-block sums are exact integers and their float steps KSteps' in every build
+    (the legacy types' scalar kernels sum their blocks in another order)."""
+    assert scalar_build.isa() == "scalar"
+    rng = np.random.default_rng(12)
+    tid, cols = ggml_type(type_name).id, 768
+    raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))
+    x = torch.from_numpy(rng.standard_normal((21, cols)).astype(np.float32) * 3)
+    x[2, :256] = 0.0  # an activation block of zeros (scale 0)
+    want = avx2_build.qgemm(x, raw, tid, cols)
+    for m in (1, 3, 8, 21):  # the AVX2 kernels: 8 weight rows side by side below 8 rows, tiles of 8 and 4 from 8
+        got = scalar_build.qgemm(x[:m].clone(), raw, tid, cols)
+        assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), m
 
 
 @pytest.mark.slow

@@ -1,11 +1,9 @@
-"""Pages a memory cgroup would charge to offspec for nothing (issue 63): what each helper of offload/hostmem.py
-promises, on real files and mappings (Linux; elsewhere they are no-ops, and these tests say so by failing loudly
-only on Linux).
+"""Pages offspec's process would hold for nothing (issue 63): what each helper of offload/hostmem.py promises, on
+real files and mappings (Linux; elsewhere they are no-ops, and these tests say so by failing loudly only on Linux).
 
 - `drop_cached`: a file's cached pages go, a mapping's view of it keeps its values;
 - `advise(view, MADV_DONTNEED)`: a read-only file mapping's resident pages go, and reading it again gives the
   file's bytes;
-- `drop_cached_libraries`: runs over this process's own mappings without an error, and they keep working;
 - a CPU process that loads a model imports no Triton (`util.device.cpu_only_imports`).
 """
 
@@ -20,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from offspec.offload.hostmem import MADV_DONTNEED, PAGE, advise, drop_cached, drop_cached_libraries
+from offspec.offload.hostmem import MADV_DONTNEED, PAGE, advise, drop_cached
 
 ROOT = Path(__file__).resolve().parent.parent
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page-cache advice is Linux's")
@@ -66,12 +64,6 @@ def test_drop_cached_keeps_a_mapped_views_values(data_file):
     drop_cached(path)
     assert torch.all(view[:PAGE] == 7)
     assert torch.equal(view[PAGE:], torch.from_numpy(payload[PAGE:]))
-
-
-@linux
-def test_drop_cached_libraries_leaves_the_process_working():
-    drop_cached_libraries()
-    assert float(torch.ones(3).sum()) == 3.0  # torch's own library pages are read again where needed
 
 
 @linux

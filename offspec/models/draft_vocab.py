@@ -31,6 +31,7 @@ from offspec.errors import OffspecError
 from offspec.formats import kernels
 from offspec.formats.ggml import KERNEL_TYPES
 from offspec.formats.modules import QLinear
+from offspec.offload.hostmem import MADV_DONTNEED, advise
 from offspec.util.paths import config_dir
 
 from .fingerprint import fingerprint_vocab
@@ -104,6 +105,7 @@ def choose_ids(tokenizer: Any, setting: Union[str, int], vocab_size: int) -> Opt
 
 
 EXTRA_ROWS = 8192  # rows a reduced head keeps free for tokens the conversation uses (`SubsetHead.admit`)
+GATHER_ROWS = 4096  # rows a reduced head copies at a time when it is made (a multiple of the 16 interleaved together)
 
 
 def _weight_of(head: nn.Module) -> Optional[torch.Tensor]:
@@ -126,7 +128,7 @@ class SubsetHead(nn.Module):
     head's rows, read again only to admit a token: memory-mapped from the draft's weight store where it has one."""
 
     def __init__(self, head: nn.Module, ids: torch.Tensor, vocab_size: int, source: Optional[torch.Tensor] = None,
-                 extra: int = EXTRA_ROWS):
+                 extra: int = EXTRA_ROWS, source_mapped: bool = False):
         super().__init__()
         # the full head's rows, row-major: `source` where given (then a head interleaved for the CPU kernels is not
         # copied back to rows only to be dropped)
@@ -140,7 +142,6 @@ class SubsetHead(nn.Module):
         device = head.qweight.device if isinstance(head, QLinear) else weight.device  # where the head computes
         # (capacity, ...) rows in use
         self.register_buffer("rows", torch.empty((capacity, *weight.shape[1:]), dtype=weight.dtype, device=device))
-        self.rows[: self.static] = weight.index_select(0, ids.to(weight.device)).to(device)
         bias = getattr(head, "bias", None)
         self.register_buffer("bias_rows", None if bias is None else bias.detach().new_zeros(capacity))
         self.full_bias = None if bias is None else bias.detach().clone()  # (vocab_size,) a few KB
@@ -158,9 +159,23 @@ class SubsetHead(nn.Module):
         # a draft's head: its products as the draft's layers' (kernels.as_draft)
         self.x16_type = None if self.type_id is None else \
             self.type_id + (kernels.X16S_TYPES if getattr(head, "sums", False) else kernels.X16_TYPES)
-        if self.static_interleaved:
-            static = self.rows[: self.static]
-            static.copy_(kernels.compiled().interleave(static, self.type_id, self.in_features, True))
+        self._gather(weight, ids, mapped=source is not None and source_mapped)
+
+    def _gather(self, weight: torch.Tensor, ids: torch.Tensor, mapped: bool) -> None:
+        """Copy the rows chosen at load into `rows` (interleaved where `static_interleaved`), GATHER_ROWS at a
+        time: no temporary copy of them all, and from a read-only file mapping (`mapped`: a store's full head;
+        ids ascending) the pages read so far are let go as it goes (MADV_DONTNEED would zero an anonymous one).
+        A 0.5B Qwen2.5 draft's 65k rows of 152k, gathered at once, paged the whole head in and copied the rows
+        twice: the 1 GB budget's process peaked ~50 MB higher, while loading."""
+        ascending = bool((ids[1:] > ids[:-1]).all())
+        for start in range(0, self.static, GATHER_ROWS):
+            part = ids[start : start + GATHER_ROWS]
+            out = self.rows[start : start + part.numel()]  # (k, ...) contiguous
+            out.copy_(weight.index_select(0, part.to(weight.device)))  # a chunk's temporary only
+            if self.static_interleaved:  # 16 rows at a time: a chunk (a multiple of 16 rows) is its own groups
+                out.copy_(kernels.compiled().interleave(out, self.type_id, self.in_features, True))
+            if mapped and ascending and weight.device.type == "cpu":
+                advise(weight[: int(part[-1])], MADV_DONTNEED)  # rows before the last one read: never read here again
 
     def admit(self, tokens: Sequence[int]) -> int:
         """Give the tokens in `tokens` that have no row yet one (while rows are left); returns how many were added."""
@@ -224,12 +239,13 @@ def _storage(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None or t.is_meta else t.untyped_storage().data_ptr()
 
 
-def restrict_head(model: nn.Module, ids: torch.Tensor, source: Optional[torch.Tensor] = None) -> Optional[SubsetHead]:
+def restrict_head(model: nn.Module, ids: torch.Tensor, source: Optional[torch.Tensor] = None,
+                  source_mapped: bool = False) -> Optional[SubsetHead]:
     """Swap `model`'s LM head for a SubsetHead of the rows `ids`, and let the full head's memory go: tensors that
     shared its buffer (a GGUF draft's final norm sits in the same resident payload) get their own copies. A head
     tied to the token table keeps the table (the embeddings read it). `source`: the full head's rows kept for
-    admitting tokens later (default: the head's own weight, which then stays). None, nothing changed, for a head
-    of another kind (bitsandbytes)."""
+    admitting tokens later (default: the head's own weight, which then stays); `source_mapped`: it is a read-only
+    file mapping, whose pages may go once read. None, nothing changed, for a head of another kind (bitsandbytes)."""
     head = model.get_output_embeddings()
     if isinstance(head, QLinear):
         rows = head.out_features
@@ -238,7 +254,7 @@ def restrict_head(model: nn.Module, ids: torch.Tensor, source: Optional[torch.Te
         if weight is None:
             return None
         rows = int(weight.shape[0])
-    sub = SubsetHead(head, ids, rows, source)
+    sub = SubsetHead(head, ids, rows, source, source_mapped=source_mapped)
     model.set_output_embeddings(sub)
     emb = model.get_input_embeddings()
     tied = _storage(getattr(emb, "qweight", None) if hasattr(emb, "qweight") else getattr(emb, "weight", None))
@@ -262,17 +278,18 @@ def head_rows(model: nn.Module) -> Optional[torch.Tensor]:
 
 
 def reduce_draft_head(model: nn.Module, tokenizer: Any, setting: Union[str, int],
-                      source: Optional[torch.Tensor] = None) -> Optional[str]:
-    """Apply `setting` (offspec.config.draft_vocab_setting's) to a loaded draft: its head keeps the chosen rows. Returns a line for the
-    progress display, or None where the whole head stays. `source`: the full head's rows to admit tokens from later
-    (a memory-mapped view; default: the head's own, which then stays in memory). A head that cannot be reduced is an
-    OffspecError when a count was asked for, and stays whole under `auto`."""
+                      source: Optional[torch.Tensor] = None, source_mapped: bool = False) -> Optional[str]:
+    """Apply `setting` (offspec.config.draft_vocab_setting's) to a loaded draft: its head keeps the chosen rows.
+    Returns a line for the progress display, or None where the whole head stays. `source`: the full head's rows to
+    admit tokens from later (default: the head's own, which then stays in memory; `source_mapped`: a read-only file
+    mapping). A head that cannot be reduced is an OffspecError when a count was asked for, and stays whole under
+    `auto`."""
     head = model.get_output_embeddings()
     rows = getattr(head, "out_features", None) or int(model.config.vocab_size)
     ids = choose_ids(tokenizer, setting, rows)
     if ids is None:
         return None
-    if restrict_head(model, ids, source) is None:
+    if restrict_head(model, ids, source, source_mapped) is None:
         if setting == "auto":
             return None
         raise OffspecError(f"draft_vocab {setting}: the draft's LM head ({type(head).__name__}) cannot be reduced; "

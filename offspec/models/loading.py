@@ -15,7 +15,6 @@ import torch
 from offspec.errors import OffspecError
 from offspec.offload.checkpoint import validate_weights
 from offspec.offload.config import OffloadConfig
-from offspec.offload.hostmem import drop_cached
 from offspec.offload.model import StoreDamaged, as_loaded, load_offloaded, load_offloaded_pair
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.store.entry import converted_dir, verify_entry
@@ -64,9 +63,6 @@ def load_tokenizer(resolved: ResolvedModel) -> Any:
     except Exception as exc:
         reason = failure_reason(exc) if from_gguf else _reason(exc)
         raise OffspecError(f"cannot load the tokenizer of {resolved.name} from {resolved.path}: {reason}") from exc
-    saved = _saved_tokenizer(resolved)
-    if saved is not None:
-        drop_cached(saved)  # read once (11 MB for Qwen2.5): its pages would stay charged to a memory cgroup
     return tokenizer
 
 
@@ -86,8 +82,6 @@ def same_saved_tokenizer(a: ResolvedModel, b: ResolvedModel) -> bool:
         return False
     same = all((pa.parent / n).read_bytes() == (pb.parent / n).read_bytes() if (pa.parent / n).is_file()
                else not (pb.parent / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
-    for path in (pa, pb):
-        drop_cached(path)  # read once here
     return same
 
 
@@ -187,7 +181,8 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
     kwargs = dict(device=device, dtype=dtype, attn_implementation=attn_implementation, progress=progress)
 
     def draft_head(model: Any, source: Optional[torch.Tensor] = None) -> None:
-        line = reduce_draft_head(model, draft_tok, draft_vocab, source)
+        # `source`: the full head memory-mapped from the draft's store (offload.model.load_offloaded_pair)
+        line = reduce_draft_head(model, draft_tok, draft_vocab, source, source_mapped=source is not None)
         if line is not None:
             progress(ProgressEvent("load", line, 1, 1, finished=True))
 

@@ -132,6 +132,29 @@ def measure_anonymous() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+M_MMAP_THRESHOLD = -3  # glibc mallopt(3) parameter
+HEAP_MMAP_THRESHOLD = 4 << 20  # see bound_heap
+
+
+def bound_heap() -> bool:
+    """glibc: every allocation of HEAP_MMAP_THRESHOLD or more gets a mapping of its own, unmapped when freed; returns
+    whether the setting took. By default the threshold rises to the largest block freed so far (up to 32 MB): once a
+    prefill's or a big tree's activations are freed, blocks that size come from the heap, whose freed middle the
+    process keeps. A CPU budget holds the whole process, and under `--device-mem 1GB` those blocks held 10-40 MB
+    (noisy from run to run) beyond the budget's activations. Decoding's per-layer blocks are smaller than the
+    threshold: they stay in the heap, reused without page faults. Process-wide, set once a CPU budget is planned;
+    elsewhere (not glibc) nothing."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # a libc without mallopt (musl)
+        return False
+
+
 MADV_RANDOM, MADV_DONTNEED = 1, 4  # Linux madvise(2) advice
 
 
@@ -154,9 +177,9 @@ def advise(view: torch.Tensor, advice: int) -> None:
 
 
 def drop_cached(path) -> None:
-    """Drop `path`'s cached pages that no mapping uses: once a resident layer's weights are interleaved in place
-    (copy-on-write: the process's own pages now), the file's copies would only sit in the page cache, which a
-    memory cgroup charges to the process (a 0.5B draft's 231 MB)."""
+    """Drop `path`'s cached pages that no mapping uses (a benchmark's cold start: `offspec bench offload`). Loading
+    never does: the page cache is the OS's to reclaim (a memory cgroup reclaims it before it would kill), and the
+    next start would read those files and libraries from the disk again."""
     import os
 
     if not hasattr(os, "posix_fadvise"):
@@ -166,22 +189,3 @@ def drop_cached(path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # mapped pages stay: only unused copies go
     finally:
         os.close(fd)
-
-
-def drop_cached_libraries() -> None:
-    """`drop_cached` on every file this process maps (Linux): the shared libraries' pages it never touched go from
-    the page cache, which read them ahead (torch's libtorch_cpu.so: 231 MB cached for the 61 MB in use). A memory
-    cgroup charges those to the process; the pages in use stay mapped, and a page needed later is read again."""
-    import os
-
-    try:
-        with open("/proc/self/maps") as f:
-            fields = [line.split(None, 5) for line in f]  # address perms offset dev inode [path]
-        paths = {parts[5].strip() for parts in fields if len(parts) == 6}
-    except OSError:
-        return  # not Linux: nothing to do
-    for path in sorted(p for p in paths if p.startswith("/") and os.path.isfile(p)):
-        try:
-            drop_cached(path)
-        except OSError:
-            continue  # a file that went away or cannot be opened keeps its pages: advice only

@@ -31,7 +31,7 @@ from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_line
 from .checkpoint import Checkpoint
 from .config import OffloadConfig
 from .diskio import FileReader, aligned_empty
-from .hostmem import MADV_RANDOM, advise, drop_cached
+from .hostmem import MADV_RANDOM, advise
 from .head import StreamedHead, chunk_crcs
 from .placement import Placement
 from .skeleton import Skeleton
@@ -262,7 +262,6 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
             binding.bind(payload)
             if not cuda:
                 _interleave_resident(layer)
-                drop_cached(packed.path(i))  # its file's copies of the pages interleaving made ours
         elif tier == "ram":
             buf = aligned_empty(spec.file_bytes, pin=cuda, device=device)  # (file_bytes,) host copy, pinned on CUDA
             sources.append(LayerSource(i, spec, ram=_read_payload(reader, packed.path(i), spec, buf)))

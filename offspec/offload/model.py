@@ -42,7 +42,7 @@ from .checkpoint import Checkpoint
 from .config import WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
 from .head import StreamedHead, head_bytes_per_read
-from .hostmem import MADV_DONTNEED, advise, drop_cached, drop_cached_libraries
+from .hostmem import MADV_DONTNEED, advise, bound_heap
 from .hostmem import runtime_bytes as measured_runtime
 from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
 from .placement import ModelSizes, Placement, forced, plan_placement
@@ -257,7 +257,9 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
         placement = forced(model_sizes(sk, dtype, config, extra, device), device, tiers, config)
     else:
         if runtime is None:  # measured once the model's code is imported (building the skeleton did that)
-            trim_heap()
+            if device.type == "cpu":
+                bound_heap()  # large freed blocks go back to the OS from now on
+            trim_heap(_precise(device, config))
             runtime = measured_runtime() if device.type == "cpu" else 0
         placement, config = _plan_fitting(sk, dtype, config, extra_bytes, device, already_allocated, runtime)
     if sk.quant == "ggml":
@@ -280,22 +282,30 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
         except CorruptPart as exc2:
             raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc2}); "
                                f"check the disk, or use another --offload-dir") from None
-    trim_heap()  # packing and loading freed many temporaries
+    trim_heap(_precise(device, config))  # packing and loading freed many temporaries
     head = sk.model.get_output_embeddings()
     return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model), config,
                                    packed, head if isinstance(head, StreamedHead) else None)
 
 
-def trim_heap() -> None:
+def trim_heap(collect: bool = True) -> None:
     """Give freed heap memory back to the OS (glibc keeps mid-sized frees, e.g. packing's per-tensor buffers);
-    objects in reference cycles (a dropped tokenizer's) are collected first."""
-    gc.collect()
+    objects in reference cycles (a dropped tokenizer's, a model build's) are collected first where `collect`: a
+    full collection walks every object of the process (0.2-0.4 s with torch and transformers imported, more in a
+    long-lived one), so loads do it only under a CPU budget, which holds the whole process (`_precise`)."""
+    if collect:
+        gc.collect()
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc
+
+
+def _precise(device: torch.device, config: OffloadConfig) -> bool:
+    """Whether a load counts every byte: a CPU budget given (--device-mem), which holds the whole process."""
+    return device.type == "cpu" and config.device_mem is not None
 
 
 def resident_bytes(model: nn.Module) -> int:
@@ -325,10 +335,10 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
     if device.type == "cpu":
         import transformers.modeling_utils  # noqa: F401  the model classes' imports first (torch._dynamo: 120 MB)
 
-        trim_heap()
-        drop_cached_libraries()
+        bound_heap()  # large freed blocks go back to the OS from now on
+        trim_heap(_precise(device, config))
     runtime = measured_runtime() if device.type == "cpu" else 0
-    source = source_file = None  # the draft's full LM head, memory-mapped from its store, and that file
+    source = None  # the draft's full LM head, memory-mapped from its store
     if getattr(draft_res, "store", None) is None and config.draft_quant == "none":
         draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                            progress=progress, tokenizer=draft_tok)
@@ -342,14 +352,13 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
         head_name = next((f"{n}.qweight" for n, m in model.named_modules() if m is head), None)
         if isinstance(head, QLinear) and handle.packed is not None and head_name is not None:
             source = mapped_tensor(handle.packed, head_name)
-            source_file = handle.packed.extra_path("other")
-    trim_heap()
+    precise = _precise(device, config)
+    trim_heap(precise)
     if draft_head is not None:
         draft_head(draft.model, source)
-        if source is not None:  # reducing the head read every row of it once; later admissions read a few again
+        if source is not None:  # the rows gathered let go as they went (SubsetHead); later admissions read a few
             advise(source, MADV_DONTNEED)
-            drop_cached(source_file)
-        trim_heap()
+        trim_heap(precise)
     head, table = draft.model.get_output_embeddings(), getattr(draft.model.get_input_embeddings(), "qweight", None)
     tied = table is not None and isinstance(head, QLinear) and head.qweight.data_ptr() == table.data_ptr()
     if device.type == "cpu" and isinstance(head, QLinear) and not tied:  # a whole head of its own, as a target's is

@@ -1,6 +1,6 @@
-// AMX tiles for the K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS: the integer products of many activation rows at once on
-// the tile unit (Intel AMX-INT8), the float steps in AVX-512. Included by ggml_dot.h when built with -mamx-tile
-// -mamx-int8 (and AVX-512 VBMI/VNNI, which every AMX CPU has).
+// AMX tiles for the K-quants Q4_K, Q5_K, Q6_K and IQ4_XS (not Q2_K, Q3_K: see qgemm): the integer products of many
+// activation rows at once on the tile unit (Intel AMX-INT8), the float steps in AVX-512. Included by ggml_dot.h when
+// built with -mamx-tile -mamx-int8 (and AVX-512 VBMI/VNNI, which every AMX CPU has).
 //
 // Bit for bit the other kernels' results: a super-block's integer sum is exact on the tiles too, and the float
 // steps are KSteps' (ggml_dot.h), one chain per output in super-block order. So a tree pass that runs here and a

@@ -67,23 +67,17 @@ struct X16Input {
     xd.resize(M * nd);
     xs_sum.resize(M * nb);
     xo.resize(x16_offset_lanes(base) ? M * (K / 4) : 0);
+    s16.resize(sums16 ? M * (K / 16) : 0);
     at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; m++) {
         quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
         if (!xo.empty()) offset_lanes(&xq[m * K], K, legacy_offset(base), &xo[m * (K / 4)]);
+        if (!s16.empty()) sums_16(&xq[m * K], K, &s16[m * (K / 16)]);
       }
     });
     xs = XSet{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
     if (!xo.empty()) xs.o = xo.data();
-    if (sums16) {
-      s16.resize(M * (K / 16));
-      for (int64_t i = 0; i < (int64_t)s16.size(); i++) {
-        int32_t sum = 0;
-        for (int l = 0; l < 16; l++) sum += xq[i * 16 + l];
-        s16[i] = sum;
-      }
-      xs.s16 = s16.data();
-    }
+    if (!s16.empty()) xs.s16 = s16.data();
   }
 };
 
@@ -168,16 +162,21 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   std::vector<int32_t> xs_sum(M * nb);  // (M, K/32) their sums per 32
   const bool lanes = needs_offset_lanes(type);
   std::vector<int32_t> xo(lanes ? M * (K / 4) : 0);  // (M, K/4) their lanes' offset terms
+  std::vector<int32_t> s16(needs_sums_16(type) ? M * (K / 16) : 0);  // (M, K/16) their sums per 16
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
       quantize_row(xp + m * K, K, ab, &xq[m * K], &xd[m * nd], &xs_sum[m * nb]);
       if (!xo.empty()) offset_lanes(&xq[m * K], K, legacy_offset(type), &xo[m * (K / 4)]);
+      if (!s16.empty()) sums_16(&xq[m * K], K, &s16[m * (K / 16)]);
     }
   });
   XSet xs{xq.data(), xd.data(), xs_sum.data(), M, K, nb, nd};
   if (!xo.empty()) xs.o = xo.data();
+  if (!s16.empty()) xs.s16 = s16.data();
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
 #ifdef OFFSPEC_AMX
+  // not Q2_K and Q3_K: ggml_amx.h has no decoder for their scales per 16 weights (nor Q2_K's minimums per 16), and
+  // nothing here tests such tiles against the AVX-512 bits, so they stay on the AVX-512 kernels, wide passes too
   if ((type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS) && M >= amx_min_rows(type, K) &&
       amx::enabled().load())
     done = amx::kgemm(type, wp, rb, N, xs, yp);

@@ -43,10 +43,22 @@ inline void quantize_row(const float* x, int64_t K, int64_t ab, int8_t* q, float
   }
 }
 
+// s16[K/16]: the sums of q per 16 (ggml's Q8_K bsums: Q2_K's minimums, the interleaved Q6_K kernels)
+inline void sums_16(const int8_t* q, int64_t K, int32_t* s16) {
+  for (int64_t i = 0; i < K / 16; i++) {
+    int32_t sum = 0;
+    for (int l = 0; l < 16; l++) sum += q[i * 16 + l];
+    s16[i] = sum;
+  }
+}
+
 // The activation block of a weight type: 256 for the K-quants and IQ4_XS (super-blocks of 256), else 32.
 inline int64_t activation_block(int64_t type) {
-  return type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ? 256 : QB;
+  return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ? 256 : QB;
 }
+
+// Whether the kernels of this type read XSet::s16 (Q2_K: minimums per 16 weights).
+inline bool needs_sums_16(int64_t type) { return type == Q2_K; }
 
 #ifdef OFFSPEC_AVX2
 inline float hsum(__m256 v) {
@@ -206,10 +218,10 @@ struct Legacy {
   static auto isum(const QVec& q, const int8_t* xq, int) { return MIN ? isum_unsigned(q, xq) : isum_signed(q, xq); }
 };
 
-// K-quants (Q4_K, Q5_K, Q6_K), ggml's way: the activations come in blocks of 256 with one float scale (Q8_K);
-// a super-block's products are summed in integers with its 6/8-bit sub-block scales applied in integers too, then
-// float steps per super-block (KSteps below): one chain per output, acc = fma(isum, d * dx, acc) and, for
-// Q4_K/Q5_K, acc = fma(-msum, dmin * dx, acc), msum = sum_j m_j sum(x_j).
+// K-quants (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K in ggml_dot_low.h), ggml's way: the activations come in blocks of 256 with
+// one float scale (Q8_K); a super-block's products are summed in integers with its sub-block scales applied in
+// integers too, then float steps per super-block (KSteps below): one chain per output, acc = fma(isum, d * dx, acc)
+// and, for Q2_K/Q4_K/Q5_K, acc = fma(-msum, dmin * dx, acc), msum = sum_j m_j sum(x_j).
 template <int64_t T>
 struct KBlock {
   static constexpr int64_t BYTES = T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
@@ -376,6 +388,19 @@ struct KBlock<IQ4_XS> {
   int32_t min_prod(int, const int32_t*) const { return 0; }
 };
 
+}  // namespace offspec
+
+#include "ggml_dot_low.h"  // Q2_K, Q3_K
+
+namespace offspec {
+
+// The activation sums that a K-quant's minimums multiply (min_prod), of row m in super-block sb: Q2_K's 16 per 16
+// weights (XSet::s16), Q4_K's and Q5_K's 8 per 32.
+template <int64_t T>
+inline const int32_t* min_sums(const XSet& x, int64_t m, int64_t sb) {
+  return T == Q2_K ? x.s16 + m * (x.K / 16) + sb * 16 : x.s + m * x.nb + sb * 8;
+}
+
 #ifdef OFFSPEC_AVX2
 using ISum = __m256i;
 inline ISum isum_zero() { return _mm256_setzero_si256(); }
@@ -484,7 +509,7 @@ inline void ksums(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb, I
   }
   if constexpr (KBlock<T>::MIN) {
     const auto mv = blk.min_vec();
-    for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]);
+    for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, min_sums<T>(x, r0 + r, sb));
   }
 }
 
@@ -692,7 +717,8 @@ inline float dot_f32(const float* a, const float* b, int64_t K) {
 // The types whose dot product runs on quantized activations.
 inline bool integer_kernel(int64_t type) {
   switch (type) {
-    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K: case Q6_K: case IQ4_NL: case IQ4_XS:
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K:
+    case IQ4_NL: case IQ4_XS:
       return true;
     default: return false;
   }
@@ -702,6 +728,8 @@ inline bool integer_kernel(int64_t type) {
 inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, const XSet& x, float* y,
                      int64_t ystride) {
   switch (type) {
+    case Q2_K: return krows<Q2_K>(w, rb, count, x, y, ystride);
+    case Q3_K: return krows<Q3_K>(w, rb, count, x, y, ystride);
     case Q4_K: return krows<Q4_K>(w, rb, count, x, y, ystride);
     case Q5_K: return krows<Q5_K>(w, rb, count, x, y, ystride);
     case Q6_K: return krows<Q6_K>(w, rb, count, x, y, ystride);

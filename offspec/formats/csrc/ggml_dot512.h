@@ -40,14 +40,25 @@ struct Signed512 {
   __m512i mag;
   __mmask64 neg;
   explicit Signed512(__m512i q) : mag(_mm512_abs_epi8(q)), neg(_mm512_movepi8_mask(q)) {}
+  Signed512(__m512i m, __mmask64 n) : mag(m), neg(n) {}
   __m512i apply(__m512i x) const { return _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x); }
 };
 inline void keep(__m512i& v) { __asm__("" : "+v"(v)); }
 
-// K-quant sub-blocks j and j + 1 (j even) in one register, sub-block j in the low half (KBlock::q's values)
+// Q2_K's and Q3_K's 2-bit quants of sub-blocks j and j + 1 (j even, s = j % 4): bits 2s of the 32 bytes at p in the
+// low half, bits 2s + 2 in the high half
+inline __m512i low2_pair(const uint8_t* p, int s) {
+  const __m512i shift = join256(_mm256_set1_epi16(2 * s), _mm256_set1_epi16(2 * s + 2));
+  return _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(load32u(p)), shift), _mm512_set1_epi8(3));
+}
+
+// K-quant sub-blocks j and j + 1 (j even) in one register, sub-block j in the low half (KBlock::q's values; Q3_K's:
+// ksigned2)
 template <int64_t T>
 inline __m512i kq2(const KBlock<T>& b, int j) {
-  if constexpr (T == IQ4_XS) {  // sub-blocks j and j + 1: 32 consecutive bytes, each 16 low nibbles then high
+  if constexpr (T == Q2_K) {
+    return low2_pair(b.blk + 16 + (j / 4) * 32, j % 4);
+  } else if constexpr (T == IQ4_XS) {  // sub-blocks j and j + 1: 32 consecutive bytes, each 16 low nibbles then high
     const __m512i idx = join256(nibbles_32(b.blk + 8 + 16 * j), nibbles_32(b.blk + 24 + 16 * j));
     const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL)));
     return _mm512_shuffle_epi8(table, idx);
@@ -71,6 +82,35 @@ inline __m512i kq2(const KBlock<T>& b, int j) {
   }
 }
 
+// The signed weights of sub-blocks j and j + 1 as magnitudes and negative lanes. Q3_K's q = low2 - 4 is negative
+// exactly where its high bit is 0, and |q| = 4 - low2 there: a test and a subtraction instead of decoding q.
+template <int64_t T>
+inline Signed512 ksigned2(const KBlock<T>& b, int j) {
+  if constexpr (T == Q3_K) {
+    const __m512i lo = low2_pair(b.blk + 32 + (j / 4) * 32, j % 4);
+    const __m512i bit = join256(_mm256_set1_epi8((char)(1 << j)), _mm256_set1_epi8((char)(1 << (j + 1))));
+    const __mmask64 neg = _mm512_testn_epi8_mask(_mm512_broadcast_i64x4(load32u(b.blk)), bit);  // hmask: bit j
+    return Signed512(_mm512_mask_sub_epi8(lo, neg, _mm512_set1_epi8(4), lo), neg);
+  } else {
+    return Signed512(kq2(b, j));
+  }
+}
+
+// The scales of sub-blocks j and j + 1 (16 x int16 each, as KBlock::scales). Q2_K's and Q3_K's 16 scales per 16
+// weights: one permutation of their int16 copies (sc16), 8 lanes each of scales 2j .. 2j + 3.
+template <int64_t T>
+inline __m512i kscales2(const KBlock<T>& b, int j) {
+  if constexpr (T == Q2_K || T == Q3_K) {
+    alignas(64) static const int16_t quarters[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+    const __m512i idx = _mm512_add_epi16(_mm512_load_si512(quarters), _mm512_set1_epi16((short)(2 * j)));
+    const __m256i all = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc16));
+    return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(all));
+  } else {
+    return join256(b.scales(j), b.scales(j + 1));
+  }
+}
+
 // ksums (ggml_dot.h) with two sub-blocks per step; the sums folded to the AVX2 kernel's 8 lanes.
 template <int64_t T, int R>
 inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb, ISum* out, ISum* ms) {
@@ -78,16 +118,16 @@ inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb
   for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
   for (int j = 0; j < 8; j += 2) {
-    const __m512i q = kq2(blk, j);
-    const __m512i sv = join256(blk.scales(j), blk.scales(j + 1));
-    if constexpr (T == Q6_K || T == IQ4_XS) {  // signed weights
-      const Signed512 qs(q);
+    const __m512i sv = kscales2(blk, j);
+    if constexpr (T == Q3_K || T == Q6_K || T == IQ4_XS) {  // signed weights
+      const Signed512 qs = ksigned2(blk, j);
       for (int r = 0; r < R; r++) {
         const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
         is[r] = madd_acc(is[r], _mm512_maddubs_epi16(qs.mag, qs.apply(xv)), sv);
         keep(is[r]);
       }
     } else {
+      const __m512i q = kq2(blk, j);
       for (int r = 0; r < R; r++) {
         const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
         is[r] = madd_acc(is[r], _mm512_maddubs_epi16(q, xv), sv);
@@ -98,7 +138,7 @@ inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb
   for (int r = 0; r < R; r++) out[r] = fold(is[r]);
   if constexpr (KBlock<T>::MIN) {
     const auto mv = blk.min_vec();
-    for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, &x.s[(r0 + r) * x.nb + sb * 8]);
+    for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, min_sums<T>(x, r0 + r, sb));
   }
 }
 
