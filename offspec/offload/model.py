@@ -257,10 +257,7 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
         placement = forced(model_sizes(sk, dtype, config, extra, device), device, tiers, config)
     else:
         if runtime is None:  # measured once the model's code is imported (building the skeleton did that)
-            if device.type == "cpu":
-                bound_heap()  # large freed blocks go back to the OS from now on
-            trim_heap(_precise(device, config))
-            runtime = measured_runtime() if device.type == "cpu" else 0
+            runtime = _runtime(device, config)
         placement, config = _plan_fitting(sk, dtype, config, extra_bytes, device, already_allocated, runtime)
     if sk.quant == "ggml":
         placement = replace(placement, quant="ggml")
@@ -303,6 +300,16 @@ def trim_heap(collect: bool = True) -> None:
         pass  # not glibc
 
 
+def _runtime(device: torch.device, config: OffloadConfig) -> int:
+    """The process's own memory, which a CPU budget holds beside the models (0 elsewhere), with the heap trimmed
+    first; from then on, large freed blocks go back to the OS (`bound_heap`)."""
+    if device.type != "cpu":
+        return 0
+    bound_heap()
+    trim_heap(_precise(device, config))
+    return measured_runtime()
+
+
 def _precise(device: torch.device, config: OffloadConfig) -> bool:
     """Whether a load counts every byte: a CPU budget given (--device-mem), which holds the whole process."""
     return device.type == "cpu" and config.device_mem is not None
@@ -334,10 +341,7 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
     # own bytes, which are counted below (`resident_bytes`: its weights, but the memory-mapped token table)
     if device.type == "cpu":
         import transformers.modeling_utils  # noqa: F401  the model classes' imports first (torch._dynamo: 120 MB)
-
-        bound_heap()  # large freed blocks go back to the OS from now on
-        trim_heap(_precise(device, config))
-    runtime = measured_runtime() if device.type == "cpu" else 0
+    runtime = _runtime(device, config)
     source = None  # the draft's full LM head, memory-mapped from its store
     if getattr(draft_res, "store", None) is None and config.draft_quant == "none":
         draft = load_model(draft_res, device=device, dtype=dtype, attn_implementation=attn_implementation,

@@ -13,6 +13,19 @@
 
 namespace offspec {
 
+#ifndef OFFSPEC_AVX2
+// The scalar products of a sub-block's 32 weights with 32 activations, each half of 16 times its scale (sc: 2).
+inline int32_t isum_per16(const QVec& q, XVec xq, const int16_t* sc) {
+  int32_t total = 0;
+  for (int half = 0; half < 2; half++) {
+    int32_t part = 0;
+    for (int l = half * 16; l < half * 16 + 16; l++) part += (int32_t)q.v[l] * xq[l];
+    total += part * sc[half];
+  }
+  return total;
+}
+#endif
+
 // Q2_K (84 bytes): scales[16] (per 16 weights, low nibble scale, high nibble minimum), qs[64], d, dmin;
 // w = d * sc * q - dmin * m with q in [0, 3] (unsigned). The minimums are per 16, so their term
 // msum = sum_g m_g * sum(x_g) takes the activations' sums per 16 (XSet::s16, ggml's Q8_K bsums; min_sums).
@@ -62,15 +75,7 @@ struct KBlock<Q2_K> {
 #else
   using Scales = int;
   Scales scales(int j) const { return j; }
-  int32_t isum(const QVec& q, Scales j, XVec xq) const {
-    int32_t total = 0;
-    for (int half = 0; half < 2; half++) {
-      int32_t part = 0;
-      for (int l = half * 16; l < half * 16 + 16; l++) part += (int32_t)q.v[l] * xq[l];
-      total += part * sc16[2 * j + half];
-    }
-    return total;
-  }
+  int32_t isum(const QVec& q, Scales j, XVec xq) const { return isum_per16(q, xq, sc16 + 2 * j); }
   int min_vec() const { return 0; }
   int32_t min_prod(int, const int32_t* xsum16) const {
     int32_t t = 0;
@@ -134,15 +139,7 @@ struct KBlock<Q3_K> {
 #else
   using Scales = int;
   Scales scales(int j) const { return j; }
-  int32_t isum(const QVec& q, Scales j, XVec xq) const {
-    int32_t total = 0;
-    for (int half = 0; half < 2; half++) {
-      int32_t part = 0;
-      for (int l = half * 16; l < half * 16 + 16; l++) part += (int32_t)q.v[l] * xq[l];
-      total += part * sc16[2 * j + half];
-    }
-    return total;
-  }
+  int32_t isum(const QVec& q, Scales j, XVec xq) const { return isum_per16(q, xq, sc16 + 2 * j); }
   int min_vec() const { return 0; }
 #endif
   int32_t min_prod(int, const int32_t*) const { return 0; }
