@@ -224,7 +224,8 @@ class OutputConfig:
 
 
 RING_SLOTS = 2  # device slots the streamed layers rotate through (>= 2: one computes while the next loads)
-STAGING_BUFFERS = 2  # host staging buffers the SSD reader fills ahead of the copies
+STAGING_BUFFERS = 2  # host staging buffers the SSD reader fills ahead of the copies (a CPU reading the files into
+# its slots has this many slots more instead: reads ahead of the compute; 0 leaves one read ahead; CUDA keeps >= 1)
 PREFILL_TOKENS = 512  # a prefill pass of at least this many tokens fits in the activation reserve (issue 12)
 MIN_FIT_BUDGET = 64  # the smallest max_budget / max_context the loader lowers defaults to (fit_limits)
 MIN_FIT_CONTEXT = 1024
@@ -280,8 +281,8 @@ class OffloadConfig:
         # than the defaults lowered to the same values
         if self.prefill_tokens > MIN_FIT_PREFILL:  # longer prompts then take more passes
             return replace(self, prefill_tokens=max(MIN_FIT_PREFILL, self.prefill_tokens // 2))
-        if self.staging_buffers > 1:  # one read fewer ahead of the compute
-            return replace(self, staging_buffers=1)
+        if self.staging_buffers > 0:  # one read fewer ahead of the compute (CUDA's SSD path keeps one buffer)
+            return replace(self, staging_buffers=self.staging_buffers - 1)
         if "max_context" in self.fit_limits and self.max_context > LAST_FIT_CONTEXT:  # the last resort
             return replace(self, max_context=max(LAST_FIT_CONTEXT, self.max_context // 2))
         return None
@@ -299,8 +300,8 @@ class OffloadConfig:
         if self.ring_slots < 2:
             raise OffspecError(f"ring_slots must be >= 2 (one slot computes while the next loads), "
                                f"got {self.ring_slots}")
-        if self.staging_buffers < 1:
-            raise OffspecError(f"staging_buffers must be >= 1, got {self.staging_buffers}")
+        if self.staging_buffers < 0:
+            raise OffspecError(f"staging_buffers must be >= 0, got {self.staging_buffers}")
         if self.verify not in ("first", "always", "never"):
             raise OffspecError(f"verify must be first, always or never, got {self.verify!r}")
         if self.stream_head not in ("auto", "always", "never"):

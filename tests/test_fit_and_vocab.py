@@ -37,9 +37,9 @@ def test_explicit_limits_are_lowered_no_less_than_the_defaults():
     while (smaller := steps[-1].smaller_limits()) is not None:
         steps.append(smaller)
     first_below = next(i for i, c in enumerate(steps) if c.max_context < MIN_FIT_CONTEXT)
-    assert steps[first_below - 1].prefill_tokens == MIN_FIT_PREFILL and steps[first_below - 1].staging_buffers == 1
+    assert steps[first_below - 1].prefill_tokens == MIN_FIT_PREFILL and steps[first_below - 1].staging_buffers == 0
     assert given.prefill_tokens == defaults.prefill_tokens == MIN_FIT_PREFILL
-    assert given.staging_buffers == defaults.staging_buffers == 1
+    assert given.staging_buffers == defaults.staging_buffers == 0
 
 
 def test_a_limit_given_by_hand_is_never_lowered():

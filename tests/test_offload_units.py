@@ -3,6 +3,7 @@
 import errno
 import os
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from offspec.offload import diskio
 from offspec.offload.config import OffloadConfig, offload_config
 from offspec.offload.diskio import FileReader, aligned_empty
 from offspec.offload.hostmem import page_round
-from offspec.offload.placement import ModelSizes, plan_placement, ram_bytes, spread
+from offspec.offload.config import CPU_HEADROOM
+from offspec.offload.placement import ModelSizes, plan_placement, ram_bytes, spread, stream_buffers
 from offspec.offload.streamer import LayerSource, LayerStreamer
 from offspec.store.packed import HEADER, StoreInvalid, build_store, ensure_store, open_store, plan_layer, tensor_views
 from offspec.util.sizes import format_size, parse_size
@@ -102,6 +104,33 @@ def test_budget_too_small_is_one_line_saying_what_to_do(device, cfg, flag):
         with pytest.raises(OffspecError) as info:
             plan_placement(_sizes(extra=40), device, cfg)
         assert "(the draft takes 40 B of them: a smaller --draft-vocab frees some, --draft none all)" in str(info.value)
+
+
+def test_a_cpu_budget_keeps_its_headroom_free_and_the_suggested_budget_fits():
+    """A CPU budget given holds the whole process; the plan leaves CPU_HEADROOM of it free (what the runtime measure
+    misses). The headroom grows with the budget, and the budget a too-small one suggests fits with its own."""
+    def sizes(budget):
+        return replace(_sizes(n=8, layer=100_000), headroom_bytes=int(budget * CPU_HEADROOM))
+
+    budget = 300_000
+    with pytest.raises(OffspecError) as info:
+        plan_placement(sizes(budget), CPU, OffloadConfig(device_mem=budget, ram_mem=0))
+    suggested = parse_size(str(info.value).split("--device-mem ")[1].split()[0])
+    p = plan_placement(sizes(suggested), CPU, OffloadConfig(device_mem=suggested, ram_mem=0))
+    assert p.device_breakdown()["headroom"] == int(suggested * CPU_HEADROOM)
+    assert p.device_bytes <= suggested and p.device_bytes - p.sizes.headroom_bytes <= suggested * (1 - CPU_HEADROOM)
+    smaller = int(suggested * 0.99)
+    with pytest.raises(OffspecError):  # the suggestion is the smallest (to its 3 digits)
+        plan_placement(sizes(smaller), CPU, OffloadConfig(device_mem=smaller, ram_mem=0))
+
+
+def test_staging_buffers_zero_leaves_a_cpu_two_slots_and_cuda_one_staging_buffer():
+    sizes, zero = _sizes(n=8, layer=100_000), OffloadConfig(staging_buffers=0).validate()
+    file = page_round(_file_bytes(100_000))
+    assert stream_buffers(sizes, zero, host_is_device=True, has_ssd=True) == (2 * file, 0)
+    assert stream_buffers(sizes, zero, host_is_device=False, has_ssd=True) == (2 * 100_000, file)
+    with pytest.raises(OffspecError, match="staging_buffers must be >= 0"):
+        OffloadConfig(staging_buffers=-1).validate()
 
 
 def test_bad_options_are_one_line_errors():
@@ -200,6 +229,20 @@ def test_streamer_serves_every_layer_in_order_across_passes_and_recovers_from_in
     streamer.close()
     assert not any(t.is_alive() for t in threads)
     assert threading.active_count() >= 1
+
+
+def test_a_cpu_streamer_without_staging_reads_one_layer_ahead_into_two_slots(tmp_path):
+    n = 5
+    packed = build_store(tmp_path / "s", {}, _plans(n), lambda i: _fake_layer(i).items(), lambda e: None, "p", "p")
+    sources = [LayerSource(i, packed.layers[i], path=packed.path(i)) for i in range(n)]
+    streamer = LayerStreamer(CPU, sources, ring_slots=2, staging_buffers=0, set_id=packed.set_id)
+    assert streamer._p.direct and len(streamer._p.slots) == 2 and streamer._p.staging == []
+    for _ in range(3):
+        for i in range(n):
+            payload = streamer.acquire(i)
+            assert torch.equal(tensor_views(payload, packed.layers[i])["a.weight"], _fake_layer(i)["a.weight"])
+            streamer.release(i)
+    streamer.close()
 
 
 def test_cpu_streamer_keeps_two_reads_in_flight_into_the_slots(tmp_path):

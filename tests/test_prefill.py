@@ -86,7 +86,10 @@ def test_prefill_chunks_stay_within_the_activation_reserve_and_decoding_stays_lo
     reserve = gen.info.extra["placement"]["sizes"]["activation_bytes"]
     config = gen.engine.target.model.config
     passes = _record_passes(gen, monkeypatch)
+    trims = []  # a CPU budget holds the whole process: the heap is trimmed after each streamed pass
+    monkeypatch.setattr("offspec.offload.materialize.trim_heap", lambda collect: trims.append(collect))
     result = gen.generate(PROMPT, max_new_tokens=12)
+    assert trims == [False] * len(passes)  # once per target pass, without a garbage collection
     n = len(gen.encode(PROMPT)) - 1  # prefilled: all but the last token
     prefill = passes[: next(i for i, (q, kv) in enumerate(passes) if kv == n) + 1]
     assert sum(q for q, _ in prefill) == n

@@ -11,7 +11,9 @@ and decides, per tensor:
   there, IQ and TQ types included) is refused in one line naming the type (`OffspecError`); nothing is ever
   expanded to float32.
 Architectures whose GGUF tensors need more than a row reorder (fused or transposed layouts) are not
-importable (`ImportUnsupported`); the caller then falls back to a float conversion.
+importable (`ImportUnsupported`); the caller then falls back to a float conversion. A tensor of the file that the
+model has no place for is an error, never dropped (the float fallback checks the same:
+`check_every_tensor_used`).
 """
 
 from __future__ import annotations
@@ -116,14 +118,11 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
     expected = {k for k in model.state_dict()}
     found: set[str] = set()
     heads = (config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    _refuse_unused(gguf_path, reader, name_map, config)
     for t in reader.tensors:
         hf_name = name_map.get(t.name)
         if hf_name is None:
-            if t.name.endswith("rope_freqs.weight"):
-                continue  # llama3 rope factors: the config's rope parameters reproduce them (gguf_config.py)
-            if t.name.startswith("rope_factors_"):
-                continue  # phi3's longrope factors: not applied, and its load line says so (gguf_config.py)
-            raise ImportUnsupported(f"GGUF tensor {t.name} has no transformers counterpart")
+            continue  # rope factors (`_modelled_elsewhere`)
         found.add(hf_name)
         kind = _module_kind(model, hf_name)
         stored = _stored_name(hf_name, kind)
@@ -156,6 +155,36 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
     if missing:
         raise ImportUnsupported(f"the GGUF has no tensor for {sorted(missing)[0]}")
     return plan
+
+
+def _modelled_elsewhere(name: str) -> bool:
+    """GGUF tensors with no weight of their own in transformers' model: llama 3's rope factors (the config's rope
+    parameters reproduce them, gguf_config.py) and phi3's longrope factors (not applied; its load line says so)."""
+    return name.endswith("rope_freqs.weight") or name.startswith("rope_factors_")
+
+
+def _refuse_unused(gguf_path: Path, reader: Any, name_map: dict, config: Any) -> None:
+    """One OffspecError for the first tensor of the file that transformers' model has no place for: it is never
+    dropped, as a model without it computes something else (a Mixtral file read as llama had no experts)."""
+    unused = [t.name for t in reader.tensors if t.name not in name_map and not _modelled_elsewhere(t.name)]
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise OffspecError(f"{Path(gguf_path).name}: its tensor {unused[0]}{more} has no place in transformers' "
+                           f"{config.model_type} model, so offspec cannot run the file whole; use a GGUF that "
+                           f"llama.cpp's convert_hf_to_gguf.py writes for a supported family")
+
+
+def check_every_tensor_used(gguf_path: Path, config: Any) -> None:
+    """The float fallback's check (transformers' own GGUF loader skips a tensor it has no name for)."""
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    processor = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)(config=config.to_dict())
+    model_type = "llama" if config.model_type == "mistral" else None
+    name_map = hf_gguf.get_gguf_hf_weights_map(_skeleton(config), processor, model_type=model_type)
+    _refuse_unused(gguf_path, reader, name_map, config)
 
 
 def _output_name(model: nn.Module) -> str:

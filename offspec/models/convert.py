@@ -33,7 +33,8 @@ import numpy as np
 
 from offspec.errors import OffspecError
 from offspec.formats.gguf_config import complete_config, gguf_fields
-from offspec.formats.gguf_import import ImportUnsupported, plan_import, processor_for, tensors_of
+from offspec.formats.gguf_import import (ImportUnsupported, check_every_tensor_used, plan_import, processor_for,
+                                         tensors_of)
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.store.entry import (FORMAT_VERSION, WEIGHTS_DIR, converted_dir, entry_files, store_key,
                                  verify_entry, write_manifest)
@@ -123,12 +124,14 @@ def _build_float(gguf: Path, tmp: Path, name: str, reason: str, progress: Progre
 
     progress(ProgressEvent("convert", f"{name} cannot be kept in its own blocks ({reason}): converting it to float32"))
     with quiet_transformers():
+        config = gguf_config(gguf, progress, name)
+        check_every_tensor_used(gguf, config)
         tokenizer = gguf_tokenizer(gguf)
         tokenizer.save_pretrained(tmp)
         del tokenizer
         progress(ProgressEvent("convert", f"de-quantizing {name} to float32"))
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                     config=gguf_config(gguf, progress, name),
+                                                     config=config,
                                                      quantization_config=GgufConfig(dequantize=True))
         if getattr(model, "hf_quantizer", None) is not None:
             model.hf_quantizer = None

@@ -4,7 +4,9 @@ An architecture no code path runs, or a tensor of a type no code path reads, is 
 before the conversion starts (which would otherwise fail minutes in, or, for a type, only where the tensor is
 reached). Architectures: the families offspec runs (offspec.formats.gguf_config.FAMILIES; llama.cpp writes
 Mistral as llama), and the others transformers reads from a GGUF (converted too, said on the load line as not
-verified). Types: those the kernels compute with, and those gguf can decode exactly.
+verified). A mixture of experts is refused whatever its architecture: llama.cpp writes Mixtral as llama, whose
+experts no llama model would read (a tensor the import does not use is an error: offspec/formats/gguf_import.py).
+Types: those the kernels compute with, and those gguf can decode exactly.
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ def _readable(type_id: int) -> bool:
     return True
 
 
+def expert_count(reader, arch: str) -> int:
+    """Experts a layer of a mixture-of-experts GGUF holds (its `<arch>.expert_count`, else the experts of its first
+    `ffn_*_exps` tensor), 0 for a dense model."""
+    field = reader.fields.get(f"{arch}.expert_count")
+    if field is not None and int(field.contents()) > 0:
+        return int(field.contents())
+    stacked = next((t for t in reader.tensors if "_exps." in t.name or ".ffn_gate_inp." in t.name), None)
+    if stacked is None:
+        return 0
+    return int(stacked.shape[-1])  # ggml's last dimension: (hidden, experts) for a router, (.., .., experts) stacked
+
+
 def check_gguf(path: Path, role: str) -> str:
     """Return the GGUF architecture of `path`, or raise OffspecError (one line) where offspec cannot run it."""
     import gguf
@@ -55,6 +69,11 @@ def check_gguf(path: Path, role: str) -> str:
         raise OffspecError(f"cannot read {role} model {path}: {failure_reason(exc)}") from exc
     field = reader.fields.get("general.architecture")
     arch = str(field.contents()) if field is not None else ""
+    experts = expert_count(reader, arch)
+    if experts:
+        kind = "a llama file with experts: Mixtral, as llama.cpp writes it" if arch == "llama" else arch
+        raise OffspecError(f"{role} model {path.name} is a mixture of experts ({kind}, {experts} experts a layer), "
+                           f"which offspec cannot run yet; use a dense model's GGUF (e.g. Qwen2.5, Llama 3, Gemma 3)")
     if arch not in FAMILY_ARCHS and arch not in GGUF_SUPPORTED_ARCHITECTURES:
         raise OffspecError(f"{role} model {path.name} has the architecture {arch or '(none)'!r}, which offspec cannot "
                            f"run; it runs {', '.join(sorted(FAMILY_ARCHS | {'mistral'}))} GGUFs")

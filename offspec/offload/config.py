@@ -13,12 +13,16 @@ from offspec.util.writable import check_writable_dir
 
 __all__ = ["OffloadConfig", "read_options", "offload_config", "checked_offload_dir", "writable_offload_dir",
            "RING_SLOTS", "STAGING_BUFFERS", "MIN_FIT_BUDGET", "MIN_FIT_CONTEXT", "MIN_FIT_PREFILL", "FREE_FRACTION",
-           "WORKSPACE", "HOST_RESERVE", "ASSUMED_BANDWIDTH"]
+           "WORKSPACE", "CPU_HEADROOM", "HOST_RESERVE", "ASSUMED_BANDWIDTH"]
 
 FREE_FRACTION = 0.92  # share of the free device memory (or available RAM) a default budget takes
 # device memory offspec uses beyond its tensors (allocator slack, kernel workspaces, Python objects; on CUDA
 # also the context): charged to the device budget with the resident parts
 WORKSPACE = {"cuda": 512 * 2**20, "cpu": 48 * 2**20}
+# share of a CPU budget given (--device-mem, which holds the whole process) that the plan leaves free: the peak RSS
+# also holds what the runtime measure at load misses (library pages mapped later, short-lived allocations, heap
+# fragments), and another machine's runtime may be larger than this one's (issue 63: 1 GB at most 950 MB)
+CPU_HEADROOM = 0.07
 HOST_RESERVE = 2 * 10**9  # RAM left to the OS and everything else when the host RAM budget defaults
 # Assumed speeds for the *predicted* pass time of the placement summary (`offspec bench offload` measures them).
 ASSUMED_BANDWIDTH = {  # bytes/s

@@ -13,6 +13,8 @@ A failed registration (the OS would not lock that much memory) is a one-line Off
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import mmap
 import threading
 import weakref
@@ -134,6 +136,30 @@ def measure_anonymous() -> int:
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt(3) parameter
 HEAP_MMAP_THRESHOLD = 4 << 20  # see bound_heap
+
+
+def trim_heap(collect: bool = True) -> None:
+    """Give freed heap memory back to the OS (glibc keeps mid-sized frees, e.g. packing's per-tensor buffers, and
+    the freed middle of the heap: a pass's activations, whose sizes vary with the tree and the context); objects in
+    reference cycles (a dropped tokenizer's, a model build's) are collected first where `collect`: a full collection
+    walks every object of the process (0.2-0.4 s with torch and transformers imported, more in a long-lived one),
+    so loads do it only under a CPU budget, which holds the whole process."""
+    if collect:
+        gc.collect()
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    """glibc, or None (another C library, another system)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
 
 
 def bound_heap() -> bool:

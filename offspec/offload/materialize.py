@@ -31,7 +31,7 @@ from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_line
 from .checkpoint import Checkpoint
 from .config import OffloadConfig
 from .diskio import FileReader, aligned_empty
-from .hostmem import MADV_RANDOM, advise
+from .hostmem import MADV_RANDOM, advise, trim_heap
 from .head import StreamedHead, chunk_crcs
 from .placement import Placement
 from .skeleton import Skeleton
@@ -285,4 +285,8 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
                              reader=reader, set_id=packed.set_id, verify=config.verify, on_corrupt=on_corrupt)
     for src, binding in zip(sources, bindings):
         attach_streaming(sk.layers[src.index], src.index, streamer, binding)
+    if device.type == "cpu" and config.device_mem is not None:
+        # a CPU budget holds the whole process: after a pass's last streamed layer, the heap's freed middle (that
+        # pass's activations) goes back to the OS, so that passes of other sizes do not pile up fragments
+        sk.layers[sources[-1].index].register_forward_hook(lambda *_: trim_heap(collect=False), always_call=True)
     return streamer

@@ -16,7 +16,6 @@ Nothing here puts a whole model in memory, or any weight in a float format it wa
 
 from __future__ import annotations
 
-import gc
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,10 +38,10 @@ from offspec.types import LoadedModel
 from offspec.util.paths import cache_dir
 
 from .checkpoint import Checkpoint
-from .config import WORKSPACE, OffloadConfig
+from .config import CPU_HEADROOM, WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
 from .head import StreamedHead, head_bytes_per_read
-from .hostmem import MADV_DONTNEED, advise, bound_heap
+from .hostmem import MADV_DONTNEED, advise, bound_heap, trim_heap
 from .hostmem import runtime_bytes as measured_runtime
 from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
 from .placement import ModelSizes, Placement, forced, plan_placement
@@ -123,7 +122,8 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
                       other_bytes=other, kv_bytes=kv, activation_bytes=act, extra_bytes=extra_bytes,
                       workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]) + _decode_workspace(sk, device)
                       + (runtime_bytes if device.type == "cpu" else 0),
-                      head_bytes=head_bytes, head_buffer_bytes=head_buffer)
+                      head_bytes=head_bytes, head_buffer_bytes=head_buffer,
+                      headroom_bytes=int(config.device_mem * CPU_HEADROOM) if _precise(device, config) else 0)
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
@@ -283,21 +283,6 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
     head = sk.model.get_output_embeddings()
     return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model), config,
                                    packed, head if isinstance(head, StreamedHead) else None)
-
-
-def trim_heap(collect: bool = True) -> None:
-    """Give freed heap memory back to the OS (glibc keeps mid-sized frees, e.g. packing's per-tensor buffers);
-    objects in reference cycles (a dropped tokenizer's, a model build's) are collected first where `collect`: a
-    full collection walks every object of the process (0.2-0.4 s with torch and transformers imported, more in a
-    long-lived one), so loads do it only under a CPU budget, which holds the whole process (`_precise`)."""
-    if collect:
-        gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc
 
 
 def _runtime(device: torch.device, config: OffloadConfig) -> int:

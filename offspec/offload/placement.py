@@ -26,7 +26,7 @@ from offspec.errors import OffspecError
 from offspec.store.packed import HEADER
 from offspec.util.sizes import format_size
 
-from .config import ASSUMED_BANDWIDTH, FREE_FRACTION, HOST_RESERVE, OffloadConfig
+from .config import ASSUMED_BANDWIDTH, CPU_HEADROOM, FREE_FRACTION, HOST_RESERVE, OffloadConfig
 from .hostmem import page_round
 
 TIERS = ("device", "ram", "ssd")
@@ -46,6 +46,7 @@ class ModelSizes:
     # also the process's anonymous memory measured at load: Python, torch, transformers, the tokenizer)
     head_bytes: int = 0  # the LM head's part of other_bytes, where it may be streamed instead (0: it may not)
     head_buffer_bytes: int = 0  # one of the two read buffers a streamed head needs
+    headroom_bytes: int = 0  # a CPU budget given: the share of it left unplanned (config.CPU_HEADROOM)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Placement:
                      s.other_bytes - self.streamed_head_bytes,
                  "KV cache and activations": s.kv_bytes + s.activation_bytes,
                  "streaming slots": self.ring_bytes + (self.staging_bytes if host_is_device else 0) + head_buffers,
-                 "workspace": s.workspace_bytes}
+                 "workspace": s.workspace_bytes, "headroom": s.headroom_bytes}
         return {name: n for name, n in parts.items() if n > 0}
 
     @property
@@ -149,6 +150,14 @@ class Placement:
                 f"device {format_size(self.device_bytes)} of {format_size(self.device_budget)} ({parts})")
 
 
+def _suggest_budget(need: int, sizes: ModelSizes) -> str:
+    """The --device-mem that holds `need` planned bytes, where `need` counts the headroom of the budget tried and a
+    larger budget has a larger headroom."""
+    if sizes.headroom_bytes:
+        need = math.ceil((need - sizes.headroom_bytes) / (1 - CPU_HEADROOM))
+    return _suggest(need)
+
+
 def _suggest(n: float) -> str:
     """A size flag value >= n (rounded up to 3 significant digits), e.g. "3.22MB"."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1)):
@@ -184,7 +193,7 @@ def stream_buffers(sizes: ModelSizes, config: OffloadConfig, host_is_device: boo
     if host_is_device and has_ssd:
         file = page_round(sizes.file_bytes)
         return config.ring_slots * file, config.staging_buffers * file
-    staging = config.staging_buffers * page_round(sizes.file_bytes) if has_ssd else 0
+    staging = max(1, config.staging_buffers) * page_round(sizes.file_bytes) if has_ssd else 0
     return config.ring_slots * max(sizes.layer_bytes), staging
 
 
@@ -215,7 +224,7 @@ def resident_total(sizes: ModelSizes, head_streamed: bool) -> int:
     """Bytes charged to the device budget before any layer: a streamed head's two read buffers instead of it."""
     head = sizes.head_bytes - 2 * sizes.head_buffer_bytes if head_streamed else 0
     return (sizes.other_bytes - head + sizes.kv_bytes + sizes.activation_bytes + sizes.extra_bytes
-            + sizes.workspace_bytes)
+            + sizes.workspace_bytes + sizes.headroom_bytes)
 
 
 def plan_placement(sizes: ModelSizes, device: torch.device, config: OffloadConfig,
@@ -259,9 +268,9 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
         need = resident + (ssd_ring + staging if host_is_device and ram_budget < sum(layer) else ring)
         raise OffspecError(
             f"device memory budget {format_size(device_budget)} is too small: the resident parts need "
-            f"{format_size(resident)} (embeddings, LM head, KV caches, activations, draft, workspace) plus "
-            f"{format_size(ring)} for {config.ring_slots} streaming slots; use --device-mem {_suggest(need)} "
-            f"or more, or lower --max-context / --max-budget{_draft_hint(sizes)}")
+            f"{format_size(resident)} (embeddings, LM head, KV caches, activations, draft, workspace, headroom) plus "
+            f"{format_size(ring)} for {config.ring_slots} streaming slots; use --device-mem "
+            f"{_suggest_budget(need, sizes)} or more, or lower --max-context / --max-budget{_draft_hint(sizes)}")
     everything = list(range(n))
 
     host = [ram_bytes(b) for b in layer]  # what each layer would really take in RAM
@@ -279,7 +288,7 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
                 raise OffspecError(
                     f"device memory budget {format_size(device_budget)} is too small: resident parts, streaming "
                     f"slots and SSD staging buffers need {format_size(resident + ssd_ring + staging)}; use "
-                    f"--device-mem {_suggest(resident + ssd_ring + staging)} or more, "
+                    f"--device-mem {_suggest_budget(resident + ssd_ring + staging, sizes)} or more, "
                     f"give a --ram-mem for the streamed layers, or lower --max-context / --max-budget"
                     f"{_draft_hint(sizes)}")
             on_device, in_ram = place(room, ram_budget)

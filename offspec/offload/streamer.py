@@ -89,7 +89,7 @@ class _Pipeline:
             file_bytes = max((s.spec.file_bytes for s in ssd), default=0)
             # staging: m x (file_bytes,) uint8 host buffers, page-aligned (O_DIRECT), pinned (exact pages) on CUDA
             self.staging = [aligned_empty(file_bytes, pin=self.streams.pinned_staging, device=device)
-                            for _ in range(staging_buffers)] if ssd and not self.direct else []
+                            for _ in range(max(1, staging_buffers))] if ssd and not self.direct else []
         self.m = len(self.staging)
         self.closed = False
         self.cv = threading.Condition()

@@ -249,7 +249,8 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
                    heads: int = 4, kv_heads: int = 2, inter: int = 512, types: dict | None = None,
                    noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0,
                    head_dim: int | None = None, window: int = 8, rotary: int | None = None,
-                   softcap: tuple[float, float] = (50.0, 30.0), rope_freqs: np.ndarray | None = None) -> Path:
+                   softcap: tuple[float, float] = (50.0, 30.0), rope_freqs: np.ndarray | None = None,
+                   experts: int = 0, expert_metadata: bool = True, extra: dict | None = None) -> Path:
     """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
     to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
     sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
@@ -257,7 +258,9 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     gemma); `window`: the sliding window of gemma's local layers (small, so short prompts reach past it);
     `rotary`: phi3's rotary dims per head (default: half the head, a partial rotary); `softcap`: gemma2's
     attention and final logit soft-capping; `rope_freqs`: llama 3.1's rope frequency factors, as a tensor (phi3: its
-    longrope factors, as both the long and the short set)."""
+    longrope factors, as both the long and the short set). `experts` (llama): a Mixtral file as llama.cpp writes it,
+    a router (`ffn_gate_inp`) and stacked F32 experts (`ffn_*_exps`) in place of the dense FFN, and the
+    `llama.expert_count` metadata unless `expert_metadata` is False; `extra`: more F32 tensors, by name."""
     import gguf
 
     if arch not in FAMILIES:
@@ -303,6 +306,9 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
         w.add_final_logit_softcapping(softcap[1])
     if arch == "phi3":
         w.add_rope_dimension_count(rotary or head_dim // 2)
+    if experts and expert_metadata:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(2)
     _add_tokenizer(w, vocab)
 
     def add(name: str, raw: np.ndarray, type_name: str, cols: int) -> None:
@@ -334,6 +340,12 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
                 if arch == "qwen2":
                     floats(p + n + ".bias", rows, mean=0.0)
         add(p + "attn_output.weight", blocks("attn_output", hidden, q_rows, types["linear"]), types["linear"], q_rows)
+        if experts:  # (experts, rows, cols) each, ggml's (cols, rows, experts)
+            w.add_tensor(p + "ffn_gate_inp.weight", rng.normal(0, 0.2, (experts, hidden)).astype(np.float32))
+            for n, rows, cols in (("ffn_gate_exps", inter, hidden), ("ffn_up_exps", inter, hidden),
+                                  ("ffn_down_exps", hidden, inter)):
+                w.add_tensor(p + n + ".weight", rng.normal(0, 0.2, (experts, rows, cols)).astype(np.float32))
+            continue
         if arch == "phi3":
             add(p + "ffn_up.weight", blocks("ffn_up", 2 * inter, hidden, types["linear"]), types["linear"], hidden)
         else:
@@ -347,6 +359,8 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
             w.add_tensor(n, np.asarray(rope_freqs, dtype=np.float32))
     if not tied:
         add("output.weight", blocks("output", v, hidden, types["output"], logit_scale), types["output"], hidden)
+    for name, values in (extra or {}).items():
+        w.add_tensor(name, np.asarray(values, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
