@@ -105,10 +105,7 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
     if processor_cls.__name__ not in _ROW_SAFE_PROCESSORS:
         raise ImportUnsupported(f"{arch} GGUF tensors need transformers' {processor_cls.__name__}")
     model = _skeleton(config)
-    processor = processor_cls(config=config.to_dict())
-    # a GGUF transformers reads as Mistral is a llama file (gguf-py has no mistral tensor table)
-    model_type = "llama" if config.model_type == "mistral" else None
-    name_map = hf_gguf.get_gguf_hf_weights_map(model, processor, model_type=model_type)
+    name_map = _weights_map(model, processor_cls, config)
     layers_list = getattr(model.get_decoder(), "layers", None)
     if not isinstance(layers_list, nn.ModuleList):
         raise ImportUnsupported(f"{config.model_type} has no decoder `layers` list")
@@ -181,10 +178,18 @@ def check_every_tensor_used(gguf_path: Path, config: Any) -> None:
 
     reader = gguf.GGUFReader(str(gguf_path))
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    processor = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)(config=config.to_dict())
+    processor_cls = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)
+    _refuse_unused(gguf_path, reader, _weights_map(_skeleton(config), processor_cls, config), config)
+
+
+def _weights_map(model: nn.Module, processor_cls: Any, config: Any) -> dict:
+    """transformers' GGUF tensor name -> its model's parameter name, for `model` (a skeleton of `config`)."""
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    processor = processor_cls(config=config.to_dict())
+    # a GGUF transformers reads as Mistral is a llama file (gguf-py has no mistral tensor table)
     model_type = "llama" if config.model_type == "mistral" else None
-    name_map = hf_gguf.get_gguf_hf_weights_map(_skeleton(config), processor, model_type=model_type)
-    _refuse_unused(gguf_path, reader, name_map, config)
+    return hf_gguf.get_gguf_hf_weights_map(model, processor, model_type=model_type)
 
 
 def _output_name(model: nn.Module) -> str:

@@ -44,7 +44,7 @@ def expert_count(reader, arch: str) -> int:
     """Experts a layer of a mixture-of-experts GGUF holds (its `<arch>.expert_count`, else the experts of its first
     `ffn_*_exps` tensor), 0 for a dense model."""
     field = reader.fields.get(f"{arch}.expert_count")
-    if field is not None and int(field.contents()) > 0:
+    if field is not None and int(field.contents()) > 0:  # a dense file may say 0
         return int(field.contents())
     stacked = next((t for t in reader.tensors if "_exps." in t.name or ".ffn_gate_inp." in t.name), None)
     if stacked is None:
