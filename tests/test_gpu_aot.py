@@ -3,8 +3,9 @@ and its bundled ptxas; offspec/formats/gpu/aot.py), the launches recorded from t
 
 - every kernel configuration fits each card's shared memory and registers (Triton's interpreter checks none: the
   H100 found `_gemm` needing 262,144 B of its 232,448). Quick: the largest linear tiles per card, the layer
-  kernels on the smallest card; slow: every type at each card's largest tiles, every tiling and decode on the
-  smallest card, the layer kernels on every card (float16 has bfloat16's bytes: the same tiles);
+  kernels on the smallest card; slow (a test per type and card: select by node id): every type at each card's
+  largest tiles, every tiling and decode on the smallest card, the layer kernels on every card (float16 has
+  bfloat16's bytes: the same tiles);
 - a linear's rows go through one arithmetic at every row count: the launches of 1, 17, 64 and 1,024 rows use the
   same operand layouts (MMA version, instruction shape, kWidth: the K order inside an instruction), the same PTX
   arithmetic, no contraction, mma.sync and never wgmma; the negative controls show the comparison sees what broke
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="needs Triton (pip install triton; a dev dependency on Linux x86-64)")
 
 ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-             "IQ4_NL", "IQ4_XS")
+             "IQ4_NL", "IQ4_XS", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0")
 ROW_COUNTS = (1, 17, 64, 1024)
 
 
@@ -159,55 +160,71 @@ def test_attention_tiles_follow_the_cards_shared_memory():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("type_name", ALL_TYPES)
 @pytest.mark.parametrize("card", ("sm_80", "sm_86", "sm_89", "sm_90"))
-def test_every_types_largest_tiles_and_the_layer_kernels_fit_every_card(card):
-    """Per card limit: every type's linear at 1,024 rows (the 64-row tiles, their pipelining as deep as the card's
-    shared memory allows: what the H100 could not launch) and the layer kernels of heads of 128 (attention's tiles
-    follow the card too), in bfloat16 and float32 (float16 takes bfloat16's bytes, hence its tiles). sm_86 has
-    sm_89's limits but its own ptxas registers."""
+def test_every_types_largest_tiles_fit_every_card(card, type_name):
+    """Per card limit: each type's linear at 1,024 rows (the 64-row tiles, their pipelining as deep as the card's
+    shared memory allows: what the H100 could not launch), in bfloat16 and float32 (float16 takes bfloat16's bytes,
+    hence its tiles). sm_86 has sm_89's limits but its own ptxas registers."""
     from offspec.formats.gpu.launch import CARDS
 
     gpu = CARDS[card]
     for dtype in (torch.bfloat16, torch.float32):
-        for type_name in ALL_TYPES:
-            _check_resources(_linear_launches(type_name, dtype, 1024, gpu), gpu)
+        _check_resources(_linear_launches(type_name, dtype, 1024, gpu), gpu)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("card", ("sm_80", "sm_86", "sm_89", "sm_90"))
+def test_the_layer_kernels_fit_every_card(card):
+    """The layer kernels of heads of 128 (attention's tiles follow the card too), in bfloat16 and float32."""
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS[card]
+    for dtype in (torch.bfloat16, torch.float32):
         _check_resources(_layer_launches(dtype, gpu), gpu)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("type_name", ALL_TYPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_every_tiling_and_decode_fits_the_smallest_card(dtype):
-    """sm_89 (99 KB a block, as the RTX 3090 and 4090): every type's linear at 1 row (the 16-row tiles) and 17 (the
-    64-row tiles, the K splits summed apart), with a bias (without one a launch only loads less), its decodes (a
-    token table's rows in float32, a weight into the compute dtype), and the layer kernels of heads of 64. Registers
-    per thread and per block have one limit on every card from sm_80 to sm_90; shared memory is smallest here (the
-    largest tiles on the other cards: the test above)."""
+def test_every_tiling_and_decode_fits_the_smallest_card(dtype, type_name):
+    """sm_89 (99 KB a block, as the RTX 3090 and 4090): each type's linear at 1 row (the 16-row tiles) and 17 (the
+    64-row tiles, the K splits summed apart), with a bias (without one a launch only loads less), and its decodes (a
+    token table's rows in float32, a weight into the compute dtype). Registers per thread and per block have one
+    limit on every card from sm_80 to sm_90; shared memory is smallest here (the largest tiles on the other cards:
+    the test above)."""
     from offspec.formats.ggml import ggml_type
     from offspec.formats.gpu import linear as gl
     from offspec.formats.gpu.launch import CARDS, recording
 
     gpu = CARDS["sm_89"]
-    for type_name in ALL_TYPES:
-        for rows in (1, 17):
-            _check_resources(_linear_launches(type_name, dtype, rows, gpu), gpu)
-        t = ggml_type(type_name)
-        with recording(gpu) as decodes:
-            gl.decode(torch.zeros((70, t.row_bytes(512)), dtype=torch.uint8), t.id, 512, torch.float32)
-            gl.decode(torch.zeros((70, t.row_bytes(512)), dtype=torch.uint8), t.id, 512, dtype)
-        _check_resources(decodes, gpu)
-    _check_resources(_layer_launches(dtype, gpu, 14, 2, 64, 896), gpu)
+    for rows in (1, 17):
+        _check_resources(_linear_launches(type_name, dtype, rows, gpu), gpu)
+    t = ggml_type(type_name)
+    with recording(gpu) as decodes:
+        gl.decode(torch.zeros((70, t.row_bytes(512)), dtype=torch.uint8), t.id, 512, torch.float32)
+        gl.decode(torch.zeros((70, t.row_bytes(512)), dtype=torch.uint8), t.id, 512, dtype)
+    _check_resources(decodes, gpu)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_the_layer_kernels_of_heads_of_64_fit_the_smallest_card(dtype):
+    from offspec.formats.gpu.launch import CARDS
+
+    _check_resources(_layer_launches(dtype, CARDS["sm_89"], 14, 2, 64, 896), CARDS["sm_89"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("type_name", ALL_TYPES)
 @pytest.mark.parametrize("card, dtype", [("sm_90", torch.bfloat16), ("sm_80", torch.float32)], ids=str)
-def test_every_types_linear_runs_one_arithmetic_at_every_row_count(card, dtype):
+def test_every_types_linear_runs_one_arithmetic_at_every_row_count(card, dtype, type_name):
     """Each type in a group of three weights, at 1, 17, 64 and 1,024 rows: both cards' MMA (v2 on both: no wgmma)
     and both operand widths (16-bit values, float32 as tf32-free IEEE products), one pair each (every pair cost
     six minutes more of CI with Triton's cache cold)."""
     from offspec.formats.gpu.launch import CARDS
 
     gpu = CARDS[card]
-    for type_name in ALL_TYPES:
-        seen = {rows: _arithmetic(_linear_launches(type_name, dtype, rows, gpu, group=3), gpu) for rows in ROW_COUNTS}
-        assert len(set(seen.values())) == 1, (type_name, seen)
-        assert not any(op.startswith(("wgmma", "tcgen05")) for a in seen.values() for op in a.instructions)
+    seen = {rows: _arithmetic(_linear_launches(type_name, dtype, rows, gpu, group=3), gpu) for rows in ROW_COUNTS}
+    assert len(set(seen.values())) == 1, (type_name, seen)
+    assert not any(op.startswith(("wgmma", "tcgen05")) for a in seen.values() for op in a.instructions)

@@ -1,8 +1,9 @@
 """The doctor's check of offspec's Triton kernels on this GPU: the kernel configurations a model's passes launch,
 each compiled and launched once on tiny inputs (formats/gpu/probe.py, as the loader does before its first pass).
 
-Without a model at hand it checks the usual ones: the default pair's weight types (Q4_K, Q6_K, Q5_0, Q8_0) and a
-70B Q4_K_M's IQ4_XS, at a 4,096-wide input with and without a bias, and the layer kernels of heads of 64 and 128.
+Without a model at hand it checks the usual ones: the default pair's weight types (Q4_K, Q6_K, Q5_0, Q8_0), a
+70B Q4_K_M's IQ4_XS and a 70B IQ2_XXS's (a lattice type: its grid read from a device tensor), at a 4,096-wide input
+with and without a bias, and the layer kernels of heads of 64 and 128.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from offspec.formats.gpu.choice import VARIABLE, cuda_kernels
 from .checks import FAIL, PASS, SKIP, Check, needs_cuda
 
 NAME = "CUDA kernels"
-TYPES = ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "IQ4_XS")
+TYPES = ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "IQ4_XS", "IQ2_XXS")
 QUICK_TYPES = ("Q4_K", "Q6_K")
 COLS = 4096
 

@@ -127,14 +127,14 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
-    """Bytes of weights decoded at a time: on CUDA the Triton linears' scratch (formats/gpu), or where torch decodes
+    """Bytes of weights decoded at a time: on CUDA the Triton linears' workspace (formats/gpu), or where torch decodes
     (formats.kernels: CUDA without Triton, a CPU without the compiled kernels) its bands. NF4 decodes a whole
     (out, in) weight in the compute dtype: its largest one (bitsandbytes' fallback for many rows)."""
     if sk.quant == "nf4":
         return max((m.in_features * m.out_features * 2 for layer in sk.layers for m in layer.modules()
                     if hasattr(m, "in_features") and hasattr(m, "out_features")), default=0)
     if sk.quant in ("ggml", "int4", "int8") and device.type == "cuda" and cuda_kernels() == "triton":
-        return GPU_WORKSPACE_BYTES  # the Triton linears' scratch and split partials (formats/gpu/choice.py)
+        return GPU_WORKSPACE_BYTES  # the Triton linears' split partials (formats/gpu/choice.py)
     if sk.quant in ("ggml", "int4", "int8") and (device.type != "cpu" or kernels.compiled() is None):
         return kernels.DECODE_WORKSPACE
     return 0

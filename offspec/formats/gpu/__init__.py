@@ -2,8 +2,8 @@
 
 - choice.py     which compute runs on CUDA (OFFSPEC_CUDA_KERNELS, OFFSPEC_LAYERS, the model), its device memory
 - blocks.py     ggml block decoders as Triton functions: 32 values at a time, the gguf reference's arithmetic
-- linear.py     batch-invariant low-bit linears: fused decode + GEMM for few rows (fixed split-K), decode once into
-                a scratch + fixed-order GEMM for many rows; the same bits at every row count
+- linear.py     batch-invariant low-bit linears: one fused decode + GEMM kernel for every type and row count
+                (fixed split-K), tiled by the row count; the same bits at every row count
 - norm.py       batch-invariant RMSNorm (with the residual add), RoPE with the KV-cache write
 - attention.py  tree attention with native grouped-query heads: shared prefix tiles, then each query's own keys
 - layer.py      offspec's decoder layer on CUDA (llama family), installed like formats/layers.py on a CPU

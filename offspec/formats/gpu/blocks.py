@@ -1,7 +1,7 @@
 """ggml block decoders as Triton functions: 32 values of a (BN,) set of weight rows at a time.
 
-`chunk(TYPE, blk, c, nmask, kmask)` returns the (BN, 32) float32 values of chunk `c` (values 32c .. 32c + 31) of the
-unit whose first byte each row's `blk` points at. A unit is a ggml block (32 or 256 values; the float types: 32
+`chunk(TYPE, blk, c, nmask, kmask, table)` returns the (BN, 32) float32 values of chunk `c` (values 32c .. 32c + 31)
+of the unit whose first byte each row's `blk` points at. A unit is a ggml block (32 or 256 values; the float types: 32
 values). The arithmetic is dequant.py's (the gguf package's reference decoder), so the values are bitwise the CPU
 decode's: every product in it is exact in float32 (an fp16 scale of 11 significant bits times a scale of at most 7
 bits times a quant of at most 6: at most 24 bits), so the one rounding of a fused multiply-add and the two of a
@@ -12,9 +12,22 @@ Integers become floats through the exponent trick (2**23 + q read as a float32, 
 
 IQ4_NL and IQ4_XS (the usual 70B files) are decoded from the gguf package's reference arithmetic (a value is d times
 a 16-entry table's entry, exact too); the table is read out of four 32-bit words, (entry + 128) a byte each.
+
+The lattice types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: a 70B in IQ2 is what a 24 GB card runs)
+index gguf's grids, rows of 8 or 4 small values, 256 to 2,048 rows: 1 to 16 KB as int8. They reach the kernel as a
+pointer argument `table` (linear.lattice: a device tensor made once), and each value is gathered from it per lane, a
+byte through the L1 cache. Constants would not do: a 2,048-row table written as selects is thousands of instructions
+per value, and a register-resident table does not fit a thread's 255 registers. Gathered from global memory, the
+grids take neither shared memory nor registers beyond the row index (the decoded tiles change layout through shared
+memory on the way to the tensor cores, 4 KB a chunk in bfloat16: linear.tiles), and every configuration is compiled
+for every card's limits by tests/test_gpu_aot.py. The sign patterns (gguf's ksigns: seven bits and their parity) are
+computed, not read. The products are exact as above: IQ2's d * (0.5 + s) / 4 (11 x 5 significant bits) times a grid
+value of at most 43 (6 bits), IQ3_XXS's d * (0.5 + s) / 2 times at most 62, IQ3_S's d * (1 + 2s) times at most 15,
+IQ1's d * (2s + 1) (11 x 4) times grid + delta (-1, 0 or 1 plus +-1/8: 4 bits). TQ1_0 and TQ2_0 are d times -1, 0
+or 1 (TQ2_0: or 2).
+
 Adding a type: its unit and bytes in `UNITS`, a branch in `chunk`, and a check against the reference decode in
-tests/test_gpu_kernels.py; a type missing here is decoded by torch into the linears' scratch once per call
-(linear.py), with the same arithmetic after it.
+tests/test_gpu_kernels.py (which also checks that every type of ggml.KERNEL_NAMES has one).
 """
 
 from __future__ import annotations
@@ -40,7 +53,12 @@ UNITS = {
     "Q8_0": Unit(32, 34, 1),
     "Q2_K": Unit(256, 84, 8), "Q3_K": Unit(256, 110, 8), "Q4_K": Unit(256, 144, 8), "Q5_K": Unit(256, 176, 8),
     "Q6_K": Unit(256, 210, 8), "IQ4_NL": Unit(32, 18, 1), "IQ4_XS": Unit(256, 136, 8),
+    "IQ1_S": Unit(256, 50, 8), "IQ1_M": Unit(256, 56, 8), "IQ2_XXS": Unit(256, 66, 8), "IQ2_XS": Unit(256, 74, 8),
+    "IQ2_S": Unit(256, 82, 8), "IQ3_XXS": Unit(256, 98, 8), "IQ3_S": Unit(256, 110, 8), "TQ1_0": Unit(256, 54, 8),
+    "TQ2_0": Unit(256, 66, 8),
 }
+# the lattice types: their grid's values per row (gguf's tables, reaching the kernels as a small device tensor)
+GRID_WIDTH = {"IQ1_S": 8, "IQ1_M": 8, "IQ2_XXS": 8, "IQ2_XS": 8, "IQ2_S": 8, "IQ3_XXS": 4, "IQ3_S": 4}
 
 FLOATS = ("F32", "F16", "BF16")
 
@@ -110,9 +128,68 @@ if triton is not None:
         return _num((word >> ((qq & 3) * 8)) & 255) - 128.0
 
     @triton.jit
-    def chunk(TYPE: tl.constexpr, blk, c: tl.constexpr, nmask, kmask):
+    def _u16(blk, offset, nmask):
+        """(BN,) little-endian uint16 at blk + offset, as uint32."""
+        return _byte(blk, offset, nmask).to(tl.uint32) | (_byte(blk, offset + 1, nmask).to(tl.uint32) << 8)
+
+    @triton.jit
+    def _each(blk, offset, c32, nmask):
+        """(BN, 32): byte blk[offset] of each row, read for every value of the chunk (a row's lanes read one address:
+        a broadcast load). Cheaper in registers than a (BN,) byte broadcast to the chunk: IQ1_S's 64-row bfloat16
+        tiles took 255 registers and spilled 64 B on sm_89 that way, 180 and none this way."""
+        return _bytes(blk, offset, c32 * 0, nmask)
+
+    @triton.jit
+    def _u16s(blk, offset, word, nmask):
+        """(BN, 32) little-endian uint16 words blk[:, offset + 2 * word] (word (32,): each value's word), as uint32."""
+        lo = _bytes(blk, offset, 2 * word, nmask).to(tl.uint32)
+        return lo | (_bytes(blk, offset + 1, 2 * word, nmask).to(tl.uint32) << 8)
+
+    @triton.jit
+    def _lattice(table, row, WIDTH: tl.constexpr, c32):
+        """(BN, 32) float32: value c32 % WIDTH of grid row `row` (BN, 32) for each value, gathered from the type's
+        grid (gguf's table: rows of WIDTH int8 values, read as bytes; int8 v as v + 128, as Q8_0's)."""
+        v = tl.load(table + row.to(tl.int32) * WIDTH + (c32 % WIDTH)[None, :])
+        return _num(v ^ 0x80) - 128.0
+
+    @triton.jit
+    def _ksign(index, c32):
+        """(BN, 32): bit c32 % 8 of gguf's ksigns[index] (index (BN, 32) uint32, < 128: a value's group of 8's sign
+        index): index's seven bits, then their parity."""
+        p = index ^ (index >> 4)
+        p = p ^ (p >> 2)
+        p = p ^ (p >> 1)
+        return ((index | ((p & 1) << 7)) >> (c32 % 8).to(tl.uint32)[None, :]) & 1
+
+    @triton.jit
+    def _signed(v, negative):
+        """v, negated where `negative` (0 or 1) is 1: gguf's product with -1.0 or 1.0, exact (the sign bit)."""
+        return (v.to(tl.uint32, bitcast=True) ^ (negative.to(tl.uint32) << 31)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _iq2_scales(blk, offset, c: tl.constexpr, d, c32, nmask):
+        """IQ2_XS / IQ2_S: (BN, 32) d * (0.5 + s) * 0.25, s the nibble of the byte at offset + c for each 16 values of
+        chunk c: the product of d (11 significant bits) and 0.5 + s (5 bits) is exact, and so is its quarter."""
+        s = (_each(blk, offset + c, c32, nmask) >> (4 * (c32 // 16)).to(tl.uint8)[None, :]) & 15
+        return d[:, None] * (_num(s) + 0.5) * 0.25
+
+    @triton.jit
+    def _pow3(e):
+        """3**e for e (32,) in 0 .. 4."""
+        return tl.where(e < 2, tl.where(e < 1, 1, 3), tl.where(e < 3, 9, tl.where(e < 4, 27, 81)))
+
+    @triton.jit
+    def _tq1(blk, offset, power, nmask):
+        """TQ1_0: (BN, 32) trits -1, 0, 1 from bytes blk[offset] (offset (32,): per value): trit e (0-4) of a byte is
+        ((byte * 3**e mod 256) * 3 >> 8) - 1, as gguf computes it (its uint8 products wrap); power: 3**e."""
+        q = (_bytes(blk, 0, offset, nmask).to(tl.int32) * power) & 255
+        return _num((q * 3) >> 8) - 1.0
+
+    @triton.jit
+    def chunk(TYPE: tl.constexpr, blk, c: tl.constexpr, nmask, kmask, table):
         """(BN, 32) float32: values 32c .. 32c + 31 of the unit at blk (BN,) (uint8 pointers), 0 where a row is
-        outside nmask (BN,) or (float types) a value outside kmask (32,)."""
+        outside nmask (BN,) or (float types) a value outside kmask (32,); `table`: the lattice types' grid (uint8
+        pointer: GRID_WIDTH int8 values a row, linear.lattice), unused by the others."""
         c32 = tl.arange(0, 32)
         if TYPE == "F32":
             w = tl.load(blk.to(tl.pointer_type(tl.float32))[:, None] + c32[None, :],
@@ -176,6 +253,67 @@ if triton is not None:
             dl = _f16(blk, nmask) * (_num(low | (high << 4)) - 32.0)  # (BN,)
             q = (_bytes(blk, 8 + 16 * c, c32 % 16, nmask) >> (4 * (c32 // 16)).to(tl.uint8)[None, :]) & 15
             w = dl[:, None] * _iq4(q)
+        elif TYPE == "IQ2_XXS":  # d; per 32 values 4 grid rows (a byte each), a word: 4 x 7 sign bits, a scale
+            aux = _u32(blk, 6 + 8 * c, nmask)  # (BN,)
+            db = _f16(blk, nmask) * (_num(aux >> 28) + 0.5) * 0.25  # exact: 11 x 5 significant bits, times 2**-2
+            g = _lattice(table, _bytes(blk, 2 + 8 * c, c32 // 8, nmask), 8, c32)  # 8, 25 or 43
+            index = (aux[:, None] >> (7 * (c32 // 8)).to(tl.uint32)[None, :]) & 127
+            w = _signed(db[:, None] * g, _ksign(index, c32))  # 22 bits: exact
+        elif TYPE == "IQ2_XS":  # d; 32 words (9-bit grid row, 7-bit sign index) per 8 values; a scale per 16
+            words = _u16s(blk, 2 + 8 * c, c32 // 8, nmask)  # (BN, 32)
+            db = _iq2_scales(blk, 66, c, _f16(blk, nmask), c32, nmask)
+            g = _lattice(table, words & 511, 8, c32)
+            w = _signed(db * g, _ksign(words >> 9, c32))
+        elif TYPE == "IQ2_S":  # d; 32 low bytes of grid rows, 32 sign bytes, 8 bytes of 2 high bits, 8 of scales
+            high = (_each(blk, 66 + c, c32, nmask) >> (2 * (c32 // 8)).to(tl.uint8)[None, :]) & 3
+            row = _bytes(blk, 2 + 4 * c, c32 // 8, nmask).to(tl.int32) | (high.to(tl.int32) << 8)
+            negative = (_bytes(blk, 34 + 4 * c, c32 // 8, nmask) >> (c32 % 8).to(tl.uint8)[None, :]) & 1
+            w = _signed(_iq2_scales(blk, 74, c, _f16(blk, nmask), c32, nmask) * _lattice(table, row, 8, c32), negative)
+        elif TYPE == "IQ3_XXS":  # d; 64 grid rows (a byte per 4 values), per 32 values a word of signs and scale
+            aux = _u32(blk, 66 + 4 * c, nmask)  # (BN,)
+            db = _f16(blk, nmask) * (_num(aux >> 28) + 0.5) * 0.5  # exact: 11 x 5 significant bits, times 2**-1
+            g = _lattice(table, _bytes(blk, 2 + 8 * c, c32 // 4, nmask), 4, c32)  # 4 .. 62
+            index = (aux[:, None] >> (7 * (c32 // 8)).to(tl.uint32)[None, :]) & 127
+            w = _signed(db[:, None] * g, _ksign(index, c32))  # 22 bits: exact
+        elif TYPE == "IQ3_S":  # d; 64 low bytes of grid rows, 8 bytes of ninth bits, 32 sign bytes, 4 of scales
+            high = (_each(blk, 66 + c, c32, nmask) >> (c32 // 4).to(tl.uint8)[None, :]) & 1
+            row = _bytes(blk, 2 + 8 * c, c32 // 4, nmask).to(tl.int32) | (high.to(tl.int32) << 8)
+            negative = (_bytes(blk, 74 + 4 * c, c32 // 8, nmask) >> (c32 % 8).to(tl.uint8)[None, :]) & 1
+            s = (_each(blk, 106 + c // 2, c32, nmask) >> (4 * (c % 2))) & 15
+            db = _f16(blk, nmask)[:, None] * _num(1 + 2 * s)  # d * (1 + 2s): 11 x 5 significant bits
+            w = _signed(db * _lattice(table, row, 4, c32), negative)  # grid 1 .. 15: 20 bits
+        elif TYPE == "IQ1_S":  # d; 32 low bytes of grid rows; per 32 values a word: 4 x 3 high bits, scale, delta
+            qh = _u16s(blk, 34 + 2 * c, c32 * 0, nmask)  # (BN, 32): the chunk's word, for every value (see _each)
+            high = (qh >> (3 * (c32 // 8)).to(tl.uint32)[None, :]) & 7
+            row = _bytes(blk, 2 + 4 * c, c32 // 8, nmask).to(tl.int32) | (high.to(tl.int32) << 8)
+            dl = _f16(blk, nmask)[:, None] * _num(2 * ((qh >> 12) & 7) + 1)  # 11 x 4 significant bits
+            delta = tl.where((qh & 0x8000) == 0, 0.125, -0.125)
+            w = dl * (_lattice(table, row, 8, c32) + delta)  # -1, 0, 1 +-1/8: 4 bits; 19 in all
+        elif TYPE == "IQ1_M":  # 32 low bytes of grid rows, 16 of (3 high bits, delta) nibbles, 4 words of scales
+            dbits = (_byte(blk, 49, nmask) >> 4).to(tl.uint16)  # d: the top nibbles of the 4 words, lowest first
+            for i in tl.static_range(1, 4):
+                dbits = dbits | ((_byte(blk, 49 + 2 * i, nmask) >> 4).to(tl.uint16) << (4 * i))
+            d = dbits.to(tl.float16, bitcast=True).to(tl.float32)
+            sw = _u16(blk, 48 + 2 * (c // 2), nmask)  # (BN,) the word of scales 2c and 2c + 1 (3 bits each)
+            s0 = (sw >> (6 * (c % 2))) & 7
+            s1 = (sw >> (6 * (c % 2) + 3)) & 7
+            dl = _halves(c32, d * _num(2 * s0 + 1), d * _num(2 * s1 + 1))  # a scale per 16 values
+            nib = (_bytes(blk, 32 + 2 * c, c32 // 16, nmask) >> (4 * ((c32 // 8) % 2)).to(tl.uint8)[None, :]) & 15
+            row = _bytes(blk, 4 * c, c32 // 8, nmask).to(tl.int32) | ((nib & 7).to(tl.int32) << 8)
+            delta = tl.where((nib & 8) == 0, 0.125, -0.125)
+            w = dl * (_lattice(table, row, 8, c32) + delta)  # as IQ1_S: exact
+        elif TYPE == "TQ1_0":  # 48 bytes of 5 trits, 4 of 4 trits, d: value i of byte b is trit i of b's base-3 digits
+            if c < 5:  # bytes 0-31, digit c
+                t = _tq1(blk, c32, (1, 3, 9, 27, 81)[c], nmask)
+            elif c < 7:  # bytes 32-47, digits 2(c - 5) and 2(c - 5) + 1
+                t = _tq1(blk, 32 + c32 % 16, _pow3(2 * (c - 5) + c32 // 16)[None, :], nmask)
+            else:  # bytes 32-47 digit 4, then bytes 48-51 digits 0-3
+                t = _tq1(blk, tl.where(c32 < 16, 32 + c32, 48 + c32 % 4),
+                         _pow3(tl.where(c32 < 16, 4, (c32 - 16) // 4))[None, :], nmask)
+            w = _f16(blk + 52, nmask)[:, None] * t
+        elif TYPE == "TQ2_0":  # 64 bytes of 2-bit values (q - 1), d
+            q = (_bytes(blk, 32 * (c // 4), c32, nmask) >> (2 * (c % 4))) & 3
+            w = _f16(blk + 64, nmask)[:, None] * (_num(q) - 1.0)
         else:
             tl.static_assert(TYPE == "Q6_K", "offspec: no GPU decoder for this ggml type")
             # 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (one per 16 values), d

@@ -22,10 +22,9 @@ from offspec.errors import OffspecError
 
 VARIABLE = "OFFSPEC_CUDA_KERNELS"
 CHOICES = ("auto", "triton", "torch")
-# device memory of the linears' float32 split partials (at most GRID_SPLIT_ROWS x ~2 x SMs x 64 columns: a few MB)
-# and of the scratch of a type without a Triton decoder (one band of torch-decoded rows, linear.SCRATCH_BYTES): the
-# placement charges it on CUDA
-WORKSPACE_BYTES = 128 * 2**20 + 16 * 2**20
+# device memory of the linears' float32 split partials (at most GRID_SPLIT_ROWS x ~2 x SMs x 64 columns: a few MB;
+# every type decodes in the kernel's registers, with no scratch): the placement charges it on CUDA
+WORKSPACE_BYTES = 16 * 2**20
 
 
 _fallback: Optional[str] = None  # why this process fell back to the torch path (fall_back), None while it has not

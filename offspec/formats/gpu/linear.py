@@ -22,8 +22,8 @@ layouts, and rows that differed). Contraction is off (launch.py): every multiply
 written. float32 inputs multiply in IEEE float32 (no TF32). tests/test_gpu_aot.py compiles the launches of 1, 17,
 64 and 1,024 rows for sm_80 to sm_90 and compares what they compute.
 
-A ggml type with no Triton decoder is decoded by torch (dequant.py) into a scratch in the compute dtype, a band of
-rows at a time, and multiplied by the same kernel as a float weight of that dtype: one path at every row count.
+Every type offspec computes with (ggml.KERNEL_NAMES) has its decoder in blocks.py; the lattice types (IQ1-IQ3) read
+their grid from a small device tensor (`lattice`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
-from ..dequant import dequantize
+from ..dequant import grid_values
 from ..ggml import GGMLType, ggml_type
-from .blocks import UNITS, triton
+from .blocks import GRID_WIDTH, UNITS, triton
 from .launch import Card, card, launch
 
 FEW_ROWS = 16  # up to this many rows: programs of 16 rows; above: of 64
@@ -44,10 +45,8 @@ GRID_SPLIT_ROWS = 64  # up to this many rows the K splits run as programs of the
 PLAN_BN = 64  # weight rows per program: the split plan's unit (every tiling uses it)
 REDUCE_BM, REDUCE_BN = 16, 128
 DECODE_BN, DECODE_UNITS = 64, 4  # the decode kernel: weight rows x units per program
-SCRATCH_BYTES = 128 * 2**20  # a torch-decoded band of weight rows (types without a Triton decoder)
 MAX_SPLIT = 16
 PROGRAMS_PER_SM = 2  # the split aims at this many programs per multiprocessor (at few rows)
-FLOAT_TYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}  # a scratch's type
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,12 @@ class Tiles:
 
 def tiles(rows: int, dtype: torch.dtype, chunks: int, gpu: Card) -> Tiles:
     """The tiling of `rows` rows of x in `dtype` against a type of `chunks` 32-value chunks per unit on `gpu`: the
-    row tile from the row count, the pipelining depth the largest whose shared memory fits the card (an upper
-    bound of what Triton allocates: the x tiles of a unit per stage, the accumulator's layout change; checked
-    against the compiled kernels for sm_80 to sm_90 by tests/test_gpu_aot.py)."""
+    row tile from the row count, the pipelining depth the largest whose shared memory fits the card (an estimate
+    of what Triton allocates: the x tiles of a unit per stage, the accumulator's layout change; the compiled
+    kernels also stage weight bytes, and the lattice types their decoded tiles for the layout change: on sm_89 at
+    16 rows Q4_K takes 32 KB and IQ2_XXS 52 KB in bfloat16, IQ1_S 72 KB in float32, at 64 rows Q4_K 40 KB and
+    IQ2_XXS 52 KB in bfloat16; every configuration is checked against each card, sm_80 to sm_90, by
+    tests/test_gpu_aot.py)."""
     bm = 16 if rows <= FEW_ROWS else 64
     elem = torch.empty((), dtype=dtype).element_size()
     stages = 1
@@ -104,7 +106,7 @@ if triton is not None:
     # row counts, column offsets and the split plan are not specialized on (Triton would compile a variant for a
     # value of 1 and for multiples of 16): the same compiled kernel for every pass of a tiling
     @triton.jit(do_not_specialize=["M", "N0", "N1", "N2", "C0", "C1", "C2", "NTOT", "KS", "SPLITS"])
-    def _fused(x_ptr, w0, w1, w2, y_ptr, part_ptr, bias_ptr, M, K, row_bytes, N0, N1, N2, C0, C1, C2, NTOT, KS,
+    def _fused(x_ptr, w0, w1, w2, table, y_ptr, part_ptr, bias_ptr, M, K, row_bytes, N0, N1, N2, C0, C1, C2, NTOT, KS,
                SPLITS, stride_xm, stride_ym, TYPE: tl.constexpr, UNIT: tl.constexpr, UBYTES: tl.constexpr,
                CHUNKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GRID_SPLIT: tl.constexpr,
                HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
@@ -142,7 +144,7 @@ if triton is not None:
                 for c in tl.static_range(CHUNKS):
                     kk = u * UNIT + c * 32 + tl.arange(0, 32)  # (32,)
                     kmask = kk < K
-                    w = chunk(TYPE, blk, c, nmask, kmask)  # (BN, 32) float32, exact
+                    w = chunk(TYPE, blk, c, nmask, kmask, table)  # (BN, 32) float32, exact
                     acc = _mma(acc, _x_tile(x_ptr, rm, mmask, stride_xm, kk, kmask), w, IEEE)
             total += acc
         cols = col + rn
@@ -166,7 +168,7 @@ if triton is not None:
         _finish(total, y_ptr, bias_ptr, rm, mmask, rn, nmask, stride_ym, HAS_BIAS)
 
     @triton.jit(do_not_specialize=["N"])
-    def _decode(w_ptr, out_ptr, N, K, row_bytes, stride_o, TYPE: tl.constexpr, UNIT: tl.constexpr,
+    def _decode(w_ptr, table, out_ptr, N, K, row_bytes, stride_o, TYPE: tl.constexpr, UNIT: tl.constexpr,
                 UBYTES: tl.constexpr, CHUNKS: tl.constexpr, BN: tl.constexpr, UNITS: tl.constexpr):
         """out (N, K) = the decoded weight rows in out's dtype (one pass over the blocks)."""
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -179,18 +181,31 @@ if triton is not None:
             for c in tl.static_range(CHUNKS):
                 kk = u * UNIT + c * 32 + tl.arange(0, 32)
                 kmask = kk < K
-                w = chunk(TYPE, rows + u * UBYTES, c, nmask, kmask)  # (BN, 32)
+                w = chunk(TYPE, rows + u * UBYTES, c, nmask, kmask, table)  # (BN, 32)
                 tl.store(dst + kk[None, :], w.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & kmask[None, :])
+
+
+_LATTICES: dict[tuple, torch.Tensor] = {}  # (type name, device) -> its lattice grid for `chunk`
+
+
+def lattice(type_name: str, like: torch.Tensor) -> torch.Tensor:
+    """The lattice grid `chunk` reads for an IQ1/IQ2/IQ3 type, on like's device: gguf's table (rows of GRID_WIDTH
+    values, 1-16 KB) as the bytes of its int8 values, made once per device (a launch never copies it again, and a
+    CUDA graph's warm-up call makes it before the capture); for any other type `like` itself, never read."""
+    if type_name not in GRID_WIDTH:
+        return like
+    key = (type_name, like.device)
+    found = _LATTICES.get(key)
+    if found is None:
+        values = grid_values(type_name)  # (rows, GRID_WIDTH) float32 small integers
+        assert values.shape[1] == GRID_WIDTH[type_name], (type_name, values.shape)
+        found = _LATTICES[key] = torch.from_numpy(values.astype(np.int8).reshape(-1)).view(torch.uint8).to(like.device)
+    return found
 
 
 def available() -> Optional[str]:
     """None when these kernels can run, else why not."""
     return None if triton is not None else "Triton is not installed (pip install triton)"
-
-
-def decodes(type_id: int) -> bool:
-    """Whether blocks.py decodes this type on the GPU (others: torch, into a scratch of the compute dtype)."""
-    return _ggml(type_id).name in UNITS
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,12 +214,8 @@ def _ggml(type_id: int) -> GGMLType:
 
 
 def _unit(type_id: int) -> tuple[int, int, int]:
-    """(values, bytes, chunks of 32) of the type's unit: its block, or 32 values of a float type; a type torch
-    decodes: its block."""
-    t = _ggml(type_id)
-    if t.name in UNITS:
-        return UNITS[t.name]
-    return t.block, t.nbytes, max(1, t.block // 32)
+    """(values, bytes, chunks of 32) of the type's unit: its block, or 32 values of a float type."""
+    return UNITS[_ggml(type_id).name]
 
 
 def multiprocessors(device: torch.device) -> int:
@@ -224,21 +235,17 @@ def plan_splits(ntot: int, cols: int, type_ids: Sequence[int], sms: int) -> tupl
     return -(-units // per), per * unit
 
 
-def decode(qweight: torch.Tensor, type_id: int, cols: int, dtype: torch.dtype,
-           out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(N, row_bytes) ggml blocks -> (N, cols) values in `dtype` (exact, rounded once to dtype) into `out`."""
+def decode(qweight: torch.Tensor, type_id: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """(N, row_bytes) ggml blocks -> (N, cols) values in `dtype` (exact, rounded once to dtype)."""
     n = qweight.shape[0]
     qweight = qweight if qweight.stride(-1) == 1 else qweight.contiguous()  # rows at a fixed stride
-    if out is None:
-        out = torch.empty((n, cols), dtype=dtype, device=qweight.device)  # (N, cols)
+    out = torch.empty((n, cols), dtype=dtype, device=qweight.device)  # (N, cols)
     if n == 0:
-        return out
-    if not decodes(type_id):  # torch's exact decode, then one rounding (the hook for types blocks.py lacks)
-        out.copy_(dequantize(qweight, type_id, cols))
         return out
     values, nbytes, chunks = _unit(type_id)
     grid = (triton.cdiv(n, DECODE_BN), triton.cdiv(triton.cdiv(cols, values), DECODE_UNITS))
-    launch(_decode, grid, qweight, out, n, cols, qweight.stride(0), out.stride(0), TYPE=_ggml(type_id).name,
+    name = _ggml(type_id).name
+    launch(_decode, grid, qweight, lattice(name, qweight), out, n, cols, qweight.stride(0), out.stride(0), TYPE=name,
            UNIT=values, UBYTES=nbytes, CHUNKS=chunks, BN=DECODE_BN, UNITS=DECODE_UNITS)
     return out
 
@@ -264,11 +271,8 @@ def linear(x2d: torch.Tensor, weights: Sequence[tuple[torch.Tensor, int]], cols:
     for w, _ in weights:
         offsets.append(offsets[-1] + w.shape[0])
     by_type: dict[int, list[int]] = {}
-    for i, (w, t) in enumerate(weights):
-        if decodes(t):
-            by_type.setdefault(t, []).append(i)
-        else:  # decoded by torch, a band at a time, then multiplied as a float weight of the compute dtype
-            _torch_decoded(x2d, w, t, cols, bias, y, part, offsets[i], splits, ks, rows, gpu)
+    for i, (_, t) in enumerate(weights):
+        by_type.setdefault(t, []).append(i)
     for t, members in by_type.items():
         for g in range(0, len(members), 3):  # up to 3 weights of one type per launch
             group = members[g : g + 3]
@@ -292,22 +296,9 @@ def _launch_fused(x2d, ws, type_name, unit, cols, bias, y, part, starts, splits,
     ws = list(ws) + [ws[0]] * (3 - len(ws))
     grid_split = part is not None
     grid = (triton.cdiv(m, tile.bm), sum(triton.cdiv(n, tile.bn) for n in ns), splits if grid_split else 1)
-    launch(_fused, grid, x2d, ws[0], ws[1], ws[2], y, part if grid_split else y, bias if bias is not None else y,
-           m, cols, ws[0].stride(0), ns[0], ns[1], ns[2], cs[0], cs[1], cs[2], ntot, ks, splits, x2d.stride(0),
-           y.stride(0), TYPE=type_name, UNIT=values, UBYTES=nbytes, CHUNKS=chunks, BM=tile.bm, BN=tile.bn,
-           GRID_SPLIT=grid_split, HAS_BIAS=bias is not None, IEEE=x2d.dtype == torch.float32, num_warps=tile.warps,
-           num_stages=tile.stages)
+    launch(_fused, grid, x2d, ws[0], ws[1], ws[2], lattice(type_name, ws[0]), y, part if grid_split else y,
+           bias if bias is not None else y, m, cols, ws[0].stride(0), ns[0], ns[1], ns[2], cs[0], cs[1], cs[2], ntot,
+           ks, splits, x2d.stride(0), y.stride(0), TYPE=type_name, UNIT=values, UBYTES=nbytes, CHUNKS=chunks,
+           BM=tile.bm, BN=tile.bn, GRID_SPLIT=grid_split, HAS_BIAS=bias is not None, IEEE=x2d.dtype == torch.float32,
+           num_warps=tile.warps, num_stages=tile.stages)
 
-
-def _torch_decoded(x2d, w, type_id, cols, bias, y, part, start, splits, ks, rows, gpu) -> None:
-    """A weight of a type blocks.py lacks: torch decodes bands of its rows into a scratch in the compute dtype
-    (exact, rounded once), each multiplied by `_fused` as a float weight with the group's split plan."""
-    n, elem = w.shape[0], x2d.element_size()
-    band = max(PLAN_BN, SCRATCH_BYTES // max(1, cols * elem) // PLAN_BN * PLAN_BN)
-    name = FLOAT_TYPE[x2d.dtype]
-    scratch = torch.empty((min(band, n), cols), dtype=x2d.dtype, device=x2d.device)  # (band, cols) decoded rows
-    for r0 in range(0, n, band):
-        r1 = min(n, r0 + band)
-        decoded = decode(w[r0:r1], type_id, cols, x2d.dtype, out=scratch[: r1 - r0])
-        raw = decoded.view(torch.uint8)  # (rows, cols * elem): the float type's bytes
-        _launch_fused(x2d, [raw], name, UNITS[name], cols, bias, y, part, [start + r0], splits, ks, rows, gpu)
