@@ -91,6 +91,8 @@ inline Signed512 ksigned2(const KBlock<T>& b, int j) {
     const __m512i bit = join256(_mm256_set1_epi8((char)(1 << j)), _mm256_set1_epi8((char)(1 << (j + 1))));
     const __mmask64 neg = _mm512_testn_epi8_mask(_mm512_broadcast_i64x4(load32u(b.blk)), bit);  // hmask: bit j
     return Signed512(_mm512_mask_sub_epi8(lo, neg, _mm512_set1_epi8(4), lo), neg);
+  } else if constexpr (iq2_type(T)) {  // grid magnitudes and sign bits (ggml_dot_iq2.h)
+    return Signed512(b.mag2(j), b.neg2(j));
   } else {
     return Signed512(kq2(b, j));
   }
@@ -100,7 +102,7 @@ inline Signed512 ksigned2(const KBlock<T>& b, int j) {
 // weights: one permutation of their int16 copies (sc16), 8 lanes each of scales 2j .. 2j + 3.
 template <int64_t T>
 inline __m512i kscales2(const KBlock<T>& b, int j) {
-  if constexpr (T == Q2_K || T == Q3_K) {
+  if constexpr (T == Q2_K || T == Q3_K || iq2_type(T)) {
     alignas(64) static const int16_t quarters[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                      2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
     const __m512i idx = _mm512_add_epi16(_mm512_load_si512(quarters), _mm512_set1_epi16((short)(2 * j)));
@@ -119,7 +121,7 @@ inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb
 #pragma GCC unroll 4
   for (int j = 0; j < 8; j += 2) {
     const __m512i sv = kscales2(blk, j);
-    if constexpr (T == Q3_K || T == Q6_K || T == IQ4_XS) {  // signed weights
+    if constexpr (T == Q3_K || T == Q6_K || T == IQ4_XS || iq2_type(T)) {  // signed weights
       const Signed512 qs = ksigned2(blk, j);
       for (int r = 0; r < R; r++) {
         const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
