@@ -117,16 +117,20 @@ def test_kernel_rows_are_bitwise_the_same_whatever_the_batch_and_threads(type_na
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("type_name", ("Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S"))
+@pytest.mark.parametrize("type_name", ("Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "TQ1_0", "TQ2_0"))
 def test_low_bit_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
-    """Their integer kernels (csrc/ggml_dot_low.h, ggml_dot_iq2.h) from a decoding step (8 weight rows side by side)
-    to a wide pass (tiles of 8 activation rows): a row's bits never depend on the rows beside it or the threads, and
+    """Their integer kernels (csrc/ggml_dot_low.h, ggml_dot_iq2.h, ggml_dot_tq.h) from a decoding step (8 weight rows
+    side by side) to a wide pass (tiles of 8 activation rows): a row's bits never depend on the rows beside it or the threads, and
     the largest integer sums stay exact (weights and activations at their extremes)."""
     raw = blocks(type_name, rows=11).numpy().reshape(11, 2, -1).copy()  # (rows, super-blocks, bytes)
     if type_name == "Q2_K":  # 16 scale bytes, 64 quant bytes: every scale and minimum 15, every quant 3
         raw[:3, :, :80] = 0xFF
     elif type_name == "Q3_K":  # hmask, quants and scale bytes of zeros: every quant -4, every scale -32
         raw[:3, :, :108] = 0
+    elif type_name.startswith("TQ"):  # TQ1_0's bytes 0xFF: every base-3 digit 2 (w = d); TQ2_0's: every 2-bit value
+        # 3 (w = 2d); then zeros (-d)
+        raw[:3, :, :ggml_type(type_name).nbytes - 2] = 0xFF
+        raw[3:5, :, :ggml_type(type_name).nbytes - 2] = 0
     else:  # every byte after d 0xFF: every scale 15, every sign set; IQ2_XS's and IQ2_S's grid entry of eight 43s
         raw[:3, :, 2:] = 0xFF
     raw = torch.from_numpy(raw.reshape(11, -1))  # (11, row_bytes) uint8

@@ -52,11 +52,11 @@ inline void sums_16(const int8_t* q, int64_t K, int32_t* s16) {
   }
 }
 
-// The activation block of a weight type: 256 for the K-quants, IQ4_XS and the IQ2 types (super-blocks of 256),
-// else 32.
+// The activation block of a weight type: 256 for the K-quants, IQ4_XS, the IQ2 types, TQ1_0 and TQ2_0 (super-blocks
+// of 256), else 32.
 inline int64_t activation_block(int64_t type) {
   return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ||
-         type == IQ2_XXS || type == IQ2_XS || type == IQ2_S ? 256 : QB;
+         type == IQ2_XXS || type == IQ2_XS || type == IQ2_S || type == TQ1_0 || type == TQ2_0 ? 256 : QB;
 }
 
 // Whether the kernels of this type read XSet::s16 (Q2_K: minimums per 16 weights).
@@ -394,6 +394,7 @@ struct KBlock<IQ4_XS> {
 
 #include "ggml_dot_low.h"  // Q2_K, Q3_K
 #include "ggml_dot_iq2.h"  // IQ2_XXS, IQ2_XS, IQ2_S
+#include "ggml_dot_tq.h"   // TQ1_0, TQ2_0
 
 namespace offspec {
 
@@ -514,6 +515,8 @@ inline void ksums(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb, I
     const auto mv = blk.min_vec();
     for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, min_sums<T>(x, r0 + r, sb));
   }
+  if constexpr (ternary(T))  // digits t = q + 1 (ggml_dot_tq.h): the sum of t x less the activations' sum
+    for (int r = 0; r < R; r++) is[r] = less_xsum(is[r], min_sums<T>(x, r0 + r, sb));
 }
 
 // The legacy types' weights are read one row after another: the bytes 4 KB ahead are asked into L2 and those 1 KB
@@ -722,7 +725,7 @@ inline bool integer_kernel(int64_t type) {
   switch (type) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K:
     case IQ4_NL: case IQ4_XS:
-    case IQ2_XXS: case IQ2_XS: case IQ2_S:
+    case IQ2_XXS: case IQ2_XS: case IQ2_S: case TQ1_0: case TQ2_0:
       return true;
     default: return false;
   }
@@ -741,6 +744,8 @@ inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, 
     case IQ2_XXS: return krows<IQ2_XXS>(w, rb, count, x, y, ystride);
     case IQ2_XS: return krows<IQ2_XS>(w, rb, count, x, y, ystride);
     case IQ2_S: return krows<IQ2_S>(w, rb, count, x, y, ystride);
+    case TQ1_0: return krows<TQ1_0>(w, rb, count, x, y, ystride);
+    case TQ2_0: return krows<TQ2_0>(w, rb, count, x, y, ystride);
     default: break;
   }
   for (int64_t i = 0; i < count; i++) {

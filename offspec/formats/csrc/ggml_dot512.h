@@ -35,6 +35,16 @@ inline __m512i dot_us512(__m512i u, __m512i s) {
   return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
 #endif
 }
+// 16 int32 lanes: o + the sums of 4 products of unsigned u with signed x (exact where no pair of products
+// reaches 2^15: see unsigned_legacy)
+inline __m512i dot_us512_from(__m512i o, __m512i u, __m512i x) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpbusd_epi32(o, u, x);
+#else
+  return _mm512_add_epi32(o, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
+#endif
+}
+
 // a signed weight `q` as |q| (unsigned) and the lanes where it is negative: x is negated there (AVX2's sign trick)
 struct Signed512 {
   __m512i mag;
@@ -58,6 +68,8 @@ template <int64_t T>
 inline __m512i kq2(const KBlock<T>& b, int j) {
   if constexpr (T == Q2_K) {
     return low2_pair(b.blk + 16 + (j / 4) * 32, j % 4);
+  } else if constexpr (ternary(T)) {  // ggml_dot_tq.h: the digits t (0 .. 3)
+    return b.pair(j);
   } else if constexpr (T == IQ4_XS) {  // sub-blocks j and j + 1: 32 consecutive bytes, each 16 low nibbles then high
     const __m512i idx = join256(nibbles_32(b.blk + 8 + 16 * j), nibbles_32(b.blk + 24 + 16 * j));
     const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL)));
@@ -128,6 +140,12 @@ inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb
         is[r] = madd_acc(is[r], _mm512_maddubs_epi16(qs.mag, qs.apply(xv)), sv);
         keep(is[r]);
       }
+    } else if constexpr (ternary(T)) {  // digits 0 .. 3, no scales: one dot product per row
+      const __m512i q = kq2(blk, j);
+      for (int r = 0; r < R; r++) {
+        is[r] = dot_us512_from(is[r], q, _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j)));
+        keep(is[r]);
+      }
     } else {
       const __m512i q = kq2(blk, j);
       for (int r = 0; r < R; r++) {
@@ -138,6 +156,8 @@ inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb
     }
   }
   for (int r = 0; r < R; r++) out[r] = fold(is[r]);
+  if constexpr (ternary(T))  // as ksums
+    for (int r = 0; r < R; r++) out[r] = less_xsum(out[r], min_sums<T>(x, r0 + r, sb));
   if constexpr (KBlock<T>::MIN) {
     const auto mv = blk.min_vec();
     for (int r = 0; r < R; r++) ms[r] = blk.min_prod(mv, min_sums<T>(x, r0 + r, sb));
@@ -223,15 +243,6 @@ inline __m512i legacy_unsigned2(const uint8_t* b0, const uint8_t* b1) {
     }
     return v;
   }
-}
-
-// 16 int32 lanes: o + the sums of 4 products of unsigned u with signed x (exact: see unsigned_legacy)
-inline __m512i dot_us512_from(__m512i o, __m512i u, __m512i x) {
-#ifdef __AVX512VNNI__
-  return _mm512_dpbusd_epi32(o, u, x);
-#else
-  return _mm512_add_epi32(o, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
-#endif
 }
 
 // tile512 for the unsigned_legacy types: the same accumulators and float steps, in the same order.
