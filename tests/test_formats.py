@@ -16,6 +16,7 @@ from helpers.tiny_gguf import random_blocks
 
 from offspec.formats import kernels
 from offspec.formats.dequant import dequantize as torch_dequantize
+from offspec.formats.dequant import grid_values
 from offspec.formats.ggml import INTEGER_NAMES, KERNEL_NAMES, activation_block, ggml_type
 from offspec.formats.quantize import quantize_rows, weight_type
 
@@ -152,6 +153,20 @@ def test_low_bit_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
         assert torch.equal(kernels.linear(x, raw, tid, 512), full)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_an_iq2_grid_of_other_values_is_refused():
+    """The IQ2 kernels keep each grid value as one of the three that gguf's tables have (8, 25, 43: csrc/
+    ggml_decode_iq.h level_codes): a grid with another value is an error, and the grid in use stays."""
+    raw, tid = blocks("IQ2_XS"), ggml_type("IQ2_XS").id
+    x = torch.from_numpy(np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32))
+    before = kernels.linear(x, raw, tid, 512)
+    bad = torch.from_numpy(grid_values("IQ2_XS")).to(torch.int8)
+    bad[3, 5] = 7
+    with pytest.raises(RuntimeError, match="8, 25 or 43"):
+        kernels.compiled().set_grid(tid, bad)
+    assert torch.equal(kernels.linear(x, raw, tid, 512), before)
+    assert np.array_equal(bits(kernels.dequantize_rows(raw, tid, 512)), bits(reference(raw, "IQ2_XS", 512)))
 
 
 @pytest.mark.parametrize("type_name", KERNEL_NAMES)

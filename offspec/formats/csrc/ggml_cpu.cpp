@@ -175,8 +175,9 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   if (!s16.empty()) xs.s16 = s16.data();
   int64_t done = 0;  // weight rows computed on the AMX tiles (whole groups of 16), the same bits as dot_rows'
 #ifdef OFFSPEC_AMX
-  // not Q2_K and Q3_K: ggml_amx.h has no decoder for their scales per 16 weights (nor Q2_K's minimums per 16), and
-  // nothing here tests such tiles against the AVX-512 bits, so they stay on the AVX-512 kernels, wide passes too
+  // not Q2_K, Q3_K and the IQ2 types: ggml_amx.h has no decoder for their scales per 16 weights (nor Q2_K's minimums
+  // per 16, the IQ2 grids), and nothing here tests such tiles against the AVX-512 bits, so they stay on the AVX-512
+  // kernels, wide passes too
   if ((type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS) && M >= amx_min_rows(type, K) &&
       amx::enabled().load())
     done = amx::kgemm(type, wp, rb, N, xs, yp);

@@ -41,6 +41,26 @@ inline int64_t grid_entries(int64_t type) {
   }
 }
 
+// The IQ2 grids (IQ2_XXS, IQ2_XS, IQ2_S: values 8, 25 and 43 only) as one 16-bit code per entry, value k's level
+// (0, 1, 2) at bits 8 * (k % 2) + 2 * (k / 2): the even values in the low byte, the odd ones in the high byte, as
+// ggml_dot_iq2.h's AVX-512 kernels look them up (64 entries per word permute) and expand them.
+inline std::array<std::vector<uint16_t>, 64>& grid_codes() {
+  static std::array<std::vector<uint16_t>, 64> g;
+  return g;
+}
+
+inline std::vector<uint16_t> level_codes(int64_t type, const int8_t* grid, int64_t entries) {
+  std::vector<uint16_t> codes(entries);
+  for (int64_t e = 0; e < entries; e++)
+    for (int k = 0; k < 8; k++) {
+      const int8_t v = grid[8 * e + k];
+      TORCH_CHECK(v == 8 || v == 25 || v == 43, "offspec: the grid of ggml type ", type, " has a value ", (int)v,
+                  " (8, 25 or 43 expected)");
+      codes[e] |= (uint16_t)((v == 8 ? 0 : v == 25 ? 1 : 2) << (8 * (k % 2) + 2 * (k / 2)));
+    }
+  return codes;
+}
+
 // Set the grid of `type` from a (entries, width) int8 tensor (kernels.py, at load).
 inline void set_grid(int64_t type, torch::Tensor values) {
   TORCH_CHECK(type >= 0 && type < 64 && grid_entries(type) > 0, "offspec: ggml type ", type, " has no grid");
@@ -48,6 +68,7 @@ inline void set_grid(int64_t type, torch::Tensor values) {
   TORCH_CHECK(values.scalar_type() == torch::kInt8 && values.dim() == 2 && values.size(0) == grid_entries(type) &&
               values.size(1) == grid_width(type), "offspec: the grid of ggml type ", type, " has the wrong shape");
   const int8_t* p = values.data_ptr<int8_t>();
+  if (type == IQ2_XXS || type == IQ2_XS || type == IQ2_S) grid_codes()[type] = level_codes(type, p, values.size(0));
   grids()[type].assign(p, p + values.numel());
 }
 
@@ -55,6 +76,12 @@ inline const int8_t* grid_of(int64_t type) {
   const std::vector<int8_t>& g = grids()[type];
   TORCH_CHECK(!g.empty(), "offspec: the grid of ggml type ", type, " was not loaded (kernels.py sets it)");
   return g.data();
+}
+
+inline const uint16_t* codes_of(int64_t type) {
+  const std::vector<uint16_t>& c = grid_codes()[type];
+  TORCH_CHECK(!c.empty(), "offspec: the grid of ggml type ", type, " was not loaded (kernels.py sets it)");
+  return c.data();
 }
 
 inline uint16_t u16_at(const uint8_t* p) {
