@@ -80,7 +80,7 @@ def test_interleaved_rows_compute_the_same_bits_in_every_build(two_builds, no_vn
     rng = np.random.default_rng(9)
     tid = ggml_type(type_name).id
     # 3 super-blocks (Q6_K's alternating layout); the legacy types: 15 blocks (an odd count, alternating too)
-    cols = 768 if type_name in ("Q4_K", "Q6_K") else 480
+    cols = 768 if activation_block(type_name) == 256 else 480
     raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))  # two groups of 16, 5 rows row-major
     x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
     x[2, :64] = 0.0  # activation blocks of zeros (scale 0)
@@ -136,17 +136,22 @@ def test_scalar_k_quant_kernels_compute_the_avx2_kernels_bits(avx2_build, scalar
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("type_name", ("Q4_K", "Q6_K"))
+@pytest.mark.parametrize("type_name", ("Q4_K", "Q6_K", "Q2_K", "Q3_K"))
 def test_avx2_products_hold_the_largest_sums(avx2_build, type_name):
-    """The AVX2 walks (q4k_x16_avx2, q6k_x16_avx2 and their one-row forms) sum several chunks' products in 16-bit
-    lanes: at the largest quants, scales and activations (-128 for a negative block) they still compute the
-    row-major kernels' bits, in one row and in tiles of 2, 3 and 4."""
+    """The AVX2 walks (q4k_x16_avx2, q6k_x16_avx2 and their one-row forms; q2k_x16's two chunks, q3k_x16's groups)
+    sum several chunks' products in 16-bit lanes: at the largest quants, scales and activations (-128 for a negative
+    block) they still compute the row-major kernels' bits, in one row and in tiles of 2, 3 and 4."""
     ext = avx2_build
     rng = np.random.default_rng(10)
     tid, cols = ggml_type(type_name).id, 768
     raw = random_blocks(rng, type_name, 32, cols).reshape(32, cols // 256, -1)  # (rows, super-blocks, bytes)
     if type_name == "Q4_K":  # d, dmin, 12 scale bytes, 128 quant bytes: every scale, min and quant at its largest
         raw[:, :, 4:] = 0xFF
+    elif type_name == "Q2_K":  # 16 scale bytes, 64 quant bytes: every scale and minimum 15, every quant 3
+        raw[:, :, :80] = 0xFF
+    elif type_name == "Q3_K":  # hmask, quants, scales: every quant 3 and scale 31, or (odd rows) -4 and -32
+        raw[::2, :, :108] = 0xFF
+        raw[1::2, :, :108] = 0
     else:  # 128 ql, 64 qh (quants 63), 16 int8 scales (127 and -128 in turn), d
         raw[:, :, :192] = 0xFF
         raw[:, :, 192:208] = np.array([0x7F, 0x80] * 8, dtype=np.uint8)

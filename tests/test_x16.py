@@ -1,5 +1,5 @@
-"""Weights interleaved 16 rows at a time for the CPU kernels (csrc/ggml_x16.h: Q4_K, Q6_K and the legacy types
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, ggml_x16_legacy.h): the same bytes
+"""Weights interleaved 16 rows at a time for the CPU kernels (csrc/ggml_x16.h: Q4_K, Q6_K, Q2_K and Q3_K
+(ggml_x16_low.h) and the legacy types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, ggml_x16_legacy.h): the same bytes
 permuted, computing the row-major kernels' bits for any number of activation rows; resident CPU layers get the
 layout at load (formats.kernels.interleave), streamed layers keep their rows. The AVX2 build's kernels are checked
 against these in test_kernel_isa.py."""
@@ -51,12 +51,12 @@ def check_layout(ext, type_name: str, rows: int, cols: int, seed: int) -> None:
         assert torch.equal(got.view(torch.int32), want[:m].view(torch.int32)), m
 
 
-K_QUANTS = ("Q4_K", "Q6_K")
+K_QUANTS = ("Q4_K", "Q6_K", "Q2_K", "Q3_K")
 LEGACY = tuple(name for name in kernels.X16_NAMES if name not in K_QUANTS)
 
 
 @pytest.mark.parametrize("type_name", K_QUANTS)
-@pytest.mark.parametrize("cols", (256, 512, 768))  # 1, 2, 3 super-blocks: Q6_K's layout alternates between them
+@pytest.mark.parametrize("cols", (256, 512, 768))  # 1, 2, 3 super-blocks: Q6_K's and Q3_K's layouts alternate
 def test_interleaved_rows_compute_the_row_major_bits(ext, type_name, cols):
     check_layout(ext, type_name, 37, cols, seed=cols)  # two groups of 16 and 5 rows left row-major
 
@@ -91,7 +91,7 @@ def test_weights_of_one_group_or_none_interleave_too(ext, rows):
 
 def test_only_the_types_with_a_kernel_interleave(ext):
     raw = torch.from_numpy(random_blocks(np.random.default_rng(0), "Q5_K", 16, 256))
-    with pytest.raises(RuntimeError, match="only Q4_K, Q6_K and the legacy types"):
+    with pytest.raises(RuntimeError, match="only Q2_K, Q3_K, Q4_K, Q6_K and the legacy types"):
         ext.interleave(raw, ggml_type("Q5_K").id, 256, True)
 
 

@@ -34,9 +34,8 @@ from .kernel_builds import MARKER, mark_used, prune_stale_builds
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_dot.h", "ggml_dot_low.h", "ggml_dot_iq2.h",
-           "ggml_dot_tq.h",
-           "ggml_dot512.h", "ggml_amx.h", "ggml_x16.h", "ggml_x16_vec.h", "ggml_x16_legacy.h", "attention.h", "layer.h",
-           "layer_stack.h")
+           "ggml_dot_tq.h", "ggml_dot512.h", "ggml_amx.h", "ggml_x16.h", "ggml_x16_vec.h", "ggml_x16_legacy.h",
+           "ggml_x16_low.h", "attention.h", "layer.h", "layer_stack.h")
 # "avx2": build without AVX-512 on a CPU that has it; "avx512": without AMX (the results are the same)
 ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
 # "rows": keep resident weights row-major instead of interleaving them (an A/B switch; the same results)
@@ -47,7 +46,8 @@ X16_TYPES = 100  # an interleaved layout's type id: its ggml type's + 100 (csrc/
 X16S_TYPES = 200
 # "exact": a draft's products keep the row-major kernels' bits too (an A/B switch; the same tokens either way)
 DRAFT_PRODUCTS_VARIABLE = "OFFSPEC_DRAFT_PRODUCTS"
-X16_NAMES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")  # the types with an interleaved layout
+# the types with an interleaved layout
+X16_NAMES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K")
 AMX_FLAGS = ["-mavx512vbmi", "-mamx-tile", "-mamx-int8"]
 
 _lock = threading.Lock()

@@ -51,7 +51,7 @@ inline int64_t amx_min_rows(int64_t type, int64_t K) { return type == Q6_K && K 
 
 #ifdef OFFSPEC_AVX2
 // The activation rows of interleaved products quantized as their base type's kernels take them (qgemm quantizes
-// them per call; qgemm_many once for several weights where `same_x16_input`). `sums16`: their sums per 16 too (Q6_K).
+// them per call; qgemm_many once for several weights where `same_x16_input`). `sums16`: their sums per 16 too (Q2_K, Q3_K, Q6_K).
 struct X16Input {
   std::vector<int8_t> xq;        // (M, K) activations in 8 bits
   std::vector<float> xd;         // (M, K/ab) their scales
@@ -98,7 +98,7 @@ void x16_gemm(const float* xp, int64_t M, int64_t K, const std::vector<torch::Te
   bool sums16 = false;
   for (int64_t i = 0; i < n; i++) {
     first[i + 1] = first[i] + ws[i].size(0) / X16_ROWS;
-    sums16 = sums16 || x16_base(types[i]) == Q6_K;
+    sums16 = sums16 || x16_base(types[i]) == Q6_K || x16_low(x16_base(types[i]));
   }
   const X16Input in(xp, M, K, x16_base(types[0]), sums16);
   at::parallel_for(0, first[n], 1, [&](int64_t g0, int64_t g1) {
@@ -262,7 +262,7 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
 // The rows of w (`type`: x16_able, (N, row_bytes) uint8) interleaved 16 at a time (forward) or back: a new tensor,
 // the same shape and bytes permuted (ggml_x16.h).
 torch::Tensor interleave(torch::Tensor w, int64_t type, int64_t K, bool forward) {
-  TORCH_CHECK(x16_able(type), "offspec: only Q4_K, Q6_K and the legacy types' rows interleave, not type ", type);
+  TORCH_CHECK(x16_able(type), "offspec: only Q2_K, Q3_K, Q4_K, Q6_K and the legacy types' rows interleave, not type ", type);
   check_weight(w, type, K);
   auto out = torch::empty_like(w);  // (N, row_bytes) uint8
   x16_permute(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), w.size(0), w.size(1), type, forward);

@@ -1,5 +1,6 @@
 // Weights interleaved 16 rows at a time (the "x16" layouts), and their products on AVX2 / AVX-512: Q4_K and Q6_K
-// here, the legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) in ggml_x16_legacy.h.
+// here, Q2_K and Q3_K in ggml_x16_low.h, the legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) in
+// ggml_x16_legacy.h.
 //
 // A row-major K-quant row pays per super-block for what a one-row product cannot share between weight rows:
 // unpacking its scales one row at a time, and summing each row's integer lanes horizontally before its float steps
@@ -27,6 +28,15 @@
 //     mask put the fifth bits of elements 4c .. 4c + 3 at bit 4 of their bytes. Where a group block is not whole
 //     cache lines (Q4_0, IQ4_NL, Q5_0, Q8_0: 32 bytes over), the blocks of odd index in the weight put d and qh first
 //     and the quants after them; the others the quants first, then qh and d (so the quants start on a line).
+//   Q2_K (16 x 84 = 1344 bytes, 21 lines): the quant chunks (h < 2, c < 8): bytes qs[32h + 4c .. +4] of row r at
+//     (8h + c) * 64 + 4r (2 bits of each byte per sub-block h*4 + s), then the 16 scale bytes of the 16 rows in pairs
+//     (byte o of row r at 1024 + 32 (o / 2) + 2r + o % 2: one load and one widening give a row's two in its lane),
+//     then d (16 halves) at 1280 and dmin at 1312.
+//   Q3_K (16 x 110 = 1760 bytes, 27.5 lines): the quants (1536 bytes: the hmask chunks c < 8, bytes 4c .. of row r
+//     at 64c + 4r, then the qs chunks as Q2_K's at 512 + (8h + c) * 64 + 4r) and the head (224 bytes: d, 16 halves,
+//     then the 12 scale bytes in pairs as Q2_K's at 32 + 32 (o / 2) + 2r + o % 2); where its index in the weight is
+//     odd the head comes first (so that the quants start on a cache line in both, as Q6_K's triples).
+//   Their products: ggml_x16_low.h.
 // Rows past the last whole group (N % 16) keep the row-major layout.
 //
 // Reading: each kernel reads its group's bytes in address order. With one activation row the hardware prefetcher
@@ -92,7 +102,8 @@ constexpr LegacyX16Layout legacy_x16_layout(int64_t type) {
           X16_ROWS * rb % 64 != 0};
 }
 
-inline bool x16_able(int64_t type) { return type == Q4_K || type == Q6_K || x16_legacy(type); }
+constexpr bool x16_low(int64_t type) { return type == Q2_K || type == Q3_K; }  // ggml_x16_low.h
+inline bool x16_able(int64_t type) { return type == Q4_K || type == Q6_K || x16_legacy(type) || x16_low(type); }
 // The ggml type of an interleaved layout's id (X16_TYPES or X16S_TYPES), or -1.
 inline int64_t x16_base(int64_t type) {
   const int64_t base = type >= X16S_TYPES ? type - X16S_TYPES : type - X16_TYPES;
@@ -129,6 +140,17 @@ inline int64_t x16_offset(int64_t type, int64_t r, int64_t o, bool odd) {
     if (o < 16) return 64 + 16 * (o - 4) + r;  // scale byte k = o - 4
     const int64_t i = o - 16, p = i / 32, c = (i % 32) / 4;
     return 256 + (8 * p + c) * 64 + 4 * r + i % 4;
+  }
+  if (type == Q2_K) {  // scales[16], qs[64], d, dmin
+    if (o < 16) return 1024 + 32 * (o / 2) + 2 * r + o % 2;
+    if (o < 80) return ((o - 16) / 4) * 64 + 4 * r + o % 4;
+    return 1280 + 32 * ((o - 80) / 2) + 2 * r + o % 2;
+  }
+  if (type == Q3_K) {  // hmask[32], qs[64], scales[12], d
+    const int64_t quants = odd ? 224 : 0, head = odd ? 0 : 1536;
+    if (o < 96) return quants + (o / 4) * 64 + 4 * r + o % 4;  // hmask chunks 0 .. 7, qs chunks from 512
+    if (o < 108) return head + 32 + 32 * ((o - 96) / 2) + 2 * r + o % 2;
+    return head + 2 * r + (o - 108);
   }
   // Q6_K: ql[128], qh[64], scales[16], d
   const int64_t tri = odd ? 288 : 0, head = odd ? 0 : 3072;
@@ -577,6 +599,7 @@ inline __attribute__((noinline)) void q6k_x16_avx2_one(const uint8_t* g, int64_t
 }  // namespace offspec
 
 #include "ggml_x16_legacy.h"
+#include "ggml_x16_low.h"
 
 namespace offspec {
 
@@ -588,6 +611,11 @@ using VX16 = V8;
 // Activation rows per pass over a group's weights; AVX2's 16 registers hold the 8 running sums of 4 rows
 // (V8::in_register), their scaled sums and accumulators stay in memory (4 rows 1.15-1.3x faster than 2 there).
 constexpr int X16_TILE = 4;
+#ifdef OFFSPEC_AVX512
+constexpr bool X16_LOW_WIDE = true;  // Q2_K, Q3_K: tiles of 8 rows (32 registers hold their sums)
+#else
+constexpr bool X16_LOW_WIDE = false;
+#endif
 
 // y[r * ystride + 16 g + i] for the `groups` interleaved groups at w (16 rb bytes each, the first of them group
 // `g0` of the weight) and every activation row.
@@ -630,6 +658,14 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
         case Q8_0: legacy(std::integral_constant<int64_t, Q8_0>{}); continue;
         case IQ4_NL: legacy(std::integral_constant<int64_t, IQ4_NL>{}); continue;
         default: break;
+      }
+      if (x16_low(base)) {  // ggml_x16_low.h: tiles of 8 rows where X16_LOW_WIDE, then of 4, then the rest
+        auto low = [&](int64_t r, auto R) {
+          if (base == Q2_K) q2k_x16<VX16, decltype(R)::value>(g, half, x, r, yg, ystride);
+          else q3k_x16<VX16, decltype(R)::value>(g, (g0 + gi) * (x.K / 256), half, x, r, yg, ystride);
+        };
+        in_tiles<X16_LOW_WIDE>(x.M, low);
+        continue;
       }
       int64_t r = 0;
       auto run = [&](auto R) {
