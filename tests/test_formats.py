@@ -79,7 +79,7 @@ def test_the_torch_decoders_neither_copy_from_the_host_nor_read_back(type_name):
 
 
 def _quantized_activations(x: np.ndarray, type_name: str) -> np.ndarray:
-    """What the kernels multiply with: each block (256 values for the K-quants and IQ4_XS, ggml's Q8_K; else 32,
+    """What the kernels multiply with: each block (256 values for the super-block types, ggml's Q8_K; else 32,
     Q8_0) rounded to int8 times its float32 scale max|x|/127."""
     block = activation_block(type_name)
     xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
@@ -117,16 +117,39 @@ def test_kernel_rows_are_bitwise_the_same_whatever_the_batch_and_threads(type_na
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("type_name", ("Q2_K", "Q3_K"))
-def test_q2_k_and_q3_k_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
-    """Their integer kernels (csrc/ggml_dot_low.h) from a decoding step (8 weight rows side by side) to a wide pass
-    (tiles of 8 activation rows): a row's bits never depend on the rows beside it or the threads, and the largest
-    integer sums stay exact (weights and activations at their extremes)."""
+def _largest_entry(type_name: str) -> int:
+    """The index of the lattice grid entry with the largest values (gguf's table)."""
+    from offspec.formats.dequant import grid_values
+
+    return int(np.abs(grid_values(type_name)).sum(1).argmax())
+
+
+@pytest.mark.parametrize("type_name", ("Q2_K", "Q3_K", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"))
+def test_low_bit_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
+    """Their integer kernels (csrc/ggml_dot_low.h, ggml_dot_iq3.h, ggml_dot_iq1.h) from a decoding step (8 weight
+    rows side by side) to a wide pass (tiles of 8 activation rows): a row's bits never depend on the rows beside it
+    or the threads, and the largest integer sums stay exact (weights and activations at their extremes)."""
     raw = blocks(type_name, rows=11).numpy().reshape(11, 2, -1).copy()  # (rows, super-blocks, bytes)
     if type_name == "Q2_K":  # 16 scale bytes, 64 quant bytes: every scale and minimum 15, every quant 3
         raw[:3, :, :80] = 0xFF
-    else:  # hmask, quants and scale bytes of zeros: every quant -4, every scale -32
+    elif type_name == "Q3_K":  # hmask, quants and scale bytes of zeros: every quant -4, every scale -32
         raw[:3, :, :108] = 0
+    elif type_name == "IQ3_XXS":  # 64 indices of the largest entry; sign and scale words of ones: all negative, 31
+        raw[:3, :, 2:66] = _largest_entry(type_name)
+        raw[:3, :, 66:] = 0xFF
+    elif type_name == "IQ3_S":  # the largest entry's low 8 bits, its 9th bits, every sign set, every scale 31
+        raw[:3, :, 2:66] = _largest_entry(type_name) & 0xFF
+        raw[:3, :, 66:74] = 0xFF if _largest_entry(type_name) >= 256 else 0
+        raw[:3, :, 74:] = 0xFF
+    elif type_name == "IQ1_S":  # entry 0 (all -1), words 0xF000: scale 15, delta -1/8: every weight -9/8 * 15 d
+        assert _largest_entry(type_name) == 0
+        raw[:3, :, 2:34] = 0
+        raw[:3, :, 34:] = np.array([0x00, 0xF0] * 8, dtype=np.uint8)
+    else:  # IQ1_M: entry 0, every delta -1/8, every 3-bit scale 7 (d in the scale words' top nibbles stays)
+        raw[:3, :, :32] = 0
+        raw[:3, :, 32:48] = 0x88
+        raw[:3, :, 48:56:2] = 0xFF
+        raw[:3, :, 49:56:2] |= 0x0F
     raw = torch.from_numpy(raw.reshape(11, -1))  # (11, row_bytes) uint8
     x = torch.from_numpy(np.random.default_rng(3).standard_normal((1024, 512)).astype(np.float32))
     x[:2] = 3.0  # activation blocks of 127s and of -127s

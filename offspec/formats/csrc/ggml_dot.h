@@ -52,9 +52,12 @@ inline void sums_16(const int8_t* q, int64_t K, int32_t* s16) {
   }
 }
 
-// The activation block of a weight type: 256 for the K-quants and IQ4_XS (super-blocks of 256), else 32.
+// The activation block of a weight type: 256 for the K-quants and the IQ types of super-blocks of 256, else 32.
 inline int64_t activation_block(int64_t type) {
-  return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ? 256 : QB;
+  return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ||
+                 type == IQ3_XXS || type == IQ3_S || type == IQ1_S || type == IQ1_M
+             ? 256
+             : QB;
 }
 
 // Whether the kernels of this type read XSet::s16 (Q2_K: minimums per 16 weights).
@@ -391,6 +394,8 @@ struct KBlock<IQ4_XS> {
 }  // namespace offspec
 
 #include "ggml_dot_low.h"  // Q2_K, Q3_K
+#include "ggml_dot_iq3.h"  // IQ3_XXS, IQ3_S
+#include "ggml_dot_iq1.h"  // IQ1_S, IQ1_M
 
 namespace offspec {
 
@@ -719,6 +724,7 @@ inline bool integer_kernel(int64_t type) {
   switch (type) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K:
     case IQ4_NL: case IQ4_XS:
+    case IQ3_XXS: case IQ3_S: case IQ1_S: case IQ1_M:
       return true;
     default: return false;
   }
@@ -734,6 +740,10 @@ inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, 
     case Q5_K: return krows<Q5_K>(w, rb, count, x, y, ystride);
     case Q6_K: return krows<Q6_K>(w, rb, count, x, y, ystride);
     case IQ4_XS: return krows<IQ4_XS>(w, rb, count, x, y, ystride);
+    case IQ3_XXS: return krows<IQ3_XXS>(w, rb, count, x, y, ystride);
+    case IQ3_S: return krows<IQ3_S>(w, rb, count, x, y, ystride);
+    case IQ1_S: return krows<IQ1_S>(w, rb, count, x, y, ystride);
+    case IQ1_M: return krows<IQ1_M>(w, rb, count, x, y, ystride);
     default: break;
   }
   for (int64_t i = 0; i < count; i++) {
