@@ -80,7 +80,7 @@ def test_the_torch_decoders_neither_copy_from_the_host_nor_read_back(type_name):
 
 
 def _quantized_activations(x: np.ndarray, type_name: str) -> np.ndarray:
-    """What the kernels multiply with: each block (256 values for the K-quants and IQ4_XS, ggml's Q8_K; else 32,
+    """What the kernels multiply with: each block (256 values for the super-block types, ggml's Q8_K; else 32,
     Q8_0) rounded to int8 times its float32 scale max|x|/127."""
     block = activation_block(type_name)
     xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
@@ -118,11 +118,20 @@ def test_kernel_rows_are_bitwise_the_same_whatever_the_batch_and_threads(type_na
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("type_name", ("Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "TQ1_0", "TQ2_0"))
+def _largest_entry(type_name: str) -> int:
+    """The index of the lattice grid entry with the largest values (gguf's table)."""
+    from offspec.formats.dequant import grid_values
+
+    return int(np.abs(grid_values(type_name)).sum(1).argmax())
+
+
+@pytest.mark.parametrize("type_name", ("Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
+                                       "IQ1_M", "TQ1_0", "TQ2_0"))
 def test_low_bit_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
-    """Their integer kernels (csrc/ggml_dot_low.h, ggml_dot_iq2.h, ggml_dot_tq.h) from a decoding step (8 weight rows
-    side by side) to a wide pass (tiles of 8 activation rows): a row's bits never depend on the rows beside it or the threads, and
-    the largest integer sums stay exact (weights and activations at their extremes)."""
+    """Their integer kernels (csrc/ggml_dot_low.h, ggml_dot_iq2.h, ggml_dot_iq3.h, ggml_dot_iq1.h, ggml_dot_tq.h) from
+    a decoding step (8 weight rows side by side) to a wide pass (tiles of 8 activation rows): a row's bits never
+    depend on the rows beside it or the threads, and the largest integer sums stay exact (weights and activations
+    at their extremes)."""
     raw = blocks(type_name, rows=11).numpy().reshape(11, 2, -1).copy()  # (rows, super-blocks, bytes)
     if type_name == "Q2_K":  # 16 scale bytes, 64 quant bytes: every scale and minimum 15, every quant 3
         raw[:3, :, :80] = 0xFF
@@ -132,7 +141,23 @@ def test_low_bit_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
         # 3 (w = 2d); then zeros (-d)
         raw[:3, :, :ggml_type(type_name).nbytes - 2] = 0xFF
         raw[3:5, :, :ggml_type(type_name).nbytes - 2] = 0
-    else:  # every byte after d 0xFF: every scale 15, every sign set; IQ2_XS's and IQ2_S's grid entry of eight 43s
+    elif type_name == "IQ3_XXS":  # 64 indices of the largest entry; sign and scale words of ones: all negative, 31
+        raw[:3, :, 2:66] = _largest_entry(type_name)
+        raw[:3, :, 66:] = 0xFF
+    elif type_name == "IQ3_S":  # the largest entry's low 8 bits, its 9th bits, every sign set, every scale 31
+        raw[:3, :, 2:66] = _largest_entry(type_name) & 0xFF
+        raw[:3, :, 66:74] = 0xFF if _largest_entry(type_name) >= 256 else 0
+        raw[:3, :, 74:] = 0xFF
+    elif type_name == "IQ1_S":  # entry 0 (all -1), words 0xF000: scale 15, delta -1/8: every weight -9/8 * 15 d
+        assert _largest_entry(type_name) == 0
+        raw[:3, :, 2:34] = 0
+        raw[:3, :, 34:] = np.array([0x00, 0xF0] * 8, dtype=np.uint8)
+    elif type_name == "IQ1_M":  # entry 0, every delta -1/8, every 3-bit scale 7 (d in the scale words' top nibbles)
+        raw[:3, :, :32] = 0
+        raw[:3, :, 32:48] = 0x88
+        raw[:3, :, 48:56:2] = 0xFF
+        raw[:3, :, 49:56:2] |= 0x0F
+    else:  # IQ2: every byte after d 0xFF: every scale 15, every sign set; IQ2_XS's and IQ2_S's entry of eight 43s
         raw[:3, :, 2:] = 0xFF
     raw = torch.from_numpy(raw.reshape(11, -1))  # (11, row_bytes) uint8
     x = torch.from_numpy(np.random.default_rng(3).standard_normal((1024, 512)).astype(np.float32))

@@ -54,13 +54,13 @@ def no_vnni(two_builds):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "IQ2_XXS",
-                                       "IQ2_XS", "IQ2_S", "TQ1_0", "TQ2_0"))
+                                       "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"))
 def test_avx512_without_vnni_computes_the_same_bits(two_builds, no_vnni, type_name):
     wide, avx2 = two_builds
     assert no_vnni.isa() == "AVX-512"
     rng = np.random.default_rng(8)
     tid = ggml_type(type_name).id
-    # an odd and an even number of blocks of 32 (of super-blocks of 256 for IQ4_XS and the K-quants)
+    # an odd and an even number of blocks of 32 (of super-blocks of 256 for IQ4_XS, the K-quants and the lattices)
     for cols in ((480, 512) if activation_block(type_name) == 32 else (768, 512)):
         raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))
         x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
@@ -121,8 +121,8 @@ def scalar_build(avx2_build):
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", [name for name in INTEGER if activation_block(name) == 256])
 def test_scalar_k_quant_kernels_compute_the_avx2_kernels_bits(avx2_build, scalar_build, type_name):
-    """The K-quants' and IQ4_XS's super-block sums are exact integers and their float steps KSteps' in every build
-    (the legacy types' scalar kernels sum their blocks in another order)."""
+    """The super-block types' (K-quants, IQ4_XS, the IQ3/IQ1 lattices) sums are exact integers and their float steps
+    KSteps' in every build (the legacy types' scalar kernels sum their blocks in another order)."""
     assert scalar_build.isa() == "scalar"
     rng = np.random.default_rng(12)
     tid, cols = ggml_type(type_name).id, 768

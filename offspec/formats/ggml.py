@@ -7,7 +7,7 @@ blocks (docs/formats.md has the table):
 - `INTEGER_NAMES`: CPU kernels with integer dot products on activations quantized to 8 bits per block of
   `activation_block(name)` (csrc/ggml_dot.h);
 - the others: an exact decode of each weight row at use (csrc/ggml_decode.h, ggml_decode_iq.h), then a float32 dot
-  product in a fixed order (the float types, IQ1_S, IQ1_M, IQ3_XXS, IQ3_S).
+  product in a fixed order (the float types).
 torch decoders (dequant.py) cover every type too (CUDA, and a CPU without the compiled kernels). A GGUF tensor of
 any other type is refused at conversion (gguf_import.py).
 """
@@ -41,14 +41,14 @@ KERNEL_NAMES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q
                 "IQ4_NL", "IQ4_XS", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0")
 FLOAT_NAMES = ("F32", "F16", "BF16")
 INTEGER_NAMES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-                 "IQ2_XXS", "IQ2_XS", "IQ2_S", "TQ1_0", "TQ2_0")
+                 "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
 
 
 def activation_block(name: str) -> int:
     """The block of activations the integer kernel of type `name` quantizes to 8 bits with one scale: 256 for the
     types of 256-element super-blocks (ggml's Q8_K), else 32 (Q8_0)."""
-    return 256 if name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "TQ1_0",
-                           "TQ2_0") else 32
+    return 256 if name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+                           "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0") else 32
 
 
 def ggml_type(key: int | str) -> GGMLType:

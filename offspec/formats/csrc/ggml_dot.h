@@ -52,11 +52,12 @@ inline void sums_16(const int8_t* q, int64_t K, int32_t* s16) {
   }
 }
 
-// The activation block of a weight type: 256 for the K-quants, IQ4_XS, the IQ2 types, TQ1_0 and TQ2_0 (super-blocks
-// of 256), else 32.
+// The activation block of a weight type: 256 for the K-quants, IQ4_XS, the IQ1/IQ2/IQ3 types, TQ1_0 and TQ2_0
+// (super-blocks of 256), else 32.
 inline int64_t activation_block(int64_t type) {
   return type == Q2_K || type == Q3_K || type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS ||
-         type == IQ2_XXS || type == IQ2_XS || type == IQ2_S || type == TQ1_0 || type == TQ2_0 ? 256 : QB;
+         type == IQ2_XXS || type == IQ2_XS || type == IQ2_S || type == IQ3_XXS || type == IQ3_S || type == IQ1_S ||
+         type == IQ1_M || type == TQ1_0 || type == TQ2_0 ? 256 : QB;
 }
 
 // Whether the kernels of this type read XSet::s16 (Q2_K: minimums per 16 weights).
@@ -394,6 +395,8 @@ struct KBlock<IQ4_XS> {
 
 #include "ggml_dot_low.h"  // Q2_K, Q3_K
 #include "ggml_dot_iq2.h"  // IQ2_XXS, IQ2_XS, IQ2_S
+#include "ggml_dot_iq3.h"  // IQ3_XXS, IQ3_S
+#include "ggml_dot_iq1.h"  // IQ1_S, IQ1_M
 #include "ggml_dot_tq.h"   // TQ1_0, TQ2_0
 
 namespace offspec {
@@ -725,7 +728,7 @@ inline bool integer_kernel(int64_t type) {
   switch (type) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K:
     case IQ4_NL: case IQ4_XS:
-    case IQ2_XXS: case IQ2_XS: case IQ2_S: case TQ1_0: case TQ2_0:
+    case IQ2_XXS: case IQ2_XS: case IQ2_S: case IQ3_XXS: case IQ3_S: case IQ1_S: case IQ1_M: case TQ1_0: case TQ2_0:
       return true;
     default: return false;
   }
@@ -744,6 +747,10 @@ inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, 
     case IQ2_XXS: return krows<IQ2_XXS>(w, rb, count, x, y, ystride);
     case IQ2_XS: return krows<IQ2_XS>(w, rb, count, x, y, ystride);
     case IQ2_S: return krows<IQ2_S>(w, rb, count, x, y, ystride);
+    case IQ3_XXS: return krows<IQ3_XXS>(w, rb, count, x, y, ystride);
+    case IQ3_S: return krows<IQ3_S>(w, rb, count, x, y, ystride);
+    case IQ1_S: return krows<IQ1_S>(w, rb, count, x, y, ystride);
+    case IQ1_M: return krows<IQ1_M>(w, rb, count, x, y, ystride);
     case TQ1_0: return krows<TQ1_0>(w, rb, count, x, y, ystride);
     case TQ2_0: return krows<TQ2_0>(w, rb, count, x, y, ystride);
     default: break;

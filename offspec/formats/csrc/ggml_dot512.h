@@ -105,6 +105,11 @@ inline Signed512 ksigned2(const KBlock<T>& b, int j) {
     return Signed512(_mm512_mask_sub_epi8(lo, neg, _mm512_set1_epi8(4), lo), neg);
   } else if constexpr (iq2_type(T)) {  // grid magnitudes and sign bits (ggml_dot_iq2.h)
     return Signed512(b.mag2(j), b.neg2(j));
+  } else if constexpr (T == IQ3_XXS || T == IQ3_S || T == IQ1_S || T == IQ1_M) {  // ggml_dot_iq3.h, ggml_dot_iq1.h
+    __m512i mag;
+    __mmask64 neg;
+    b.pair(j, mag, neg);
+    return Signed512(mag, neg);
   } else {
     return Signed512(kq2(b, j));
   }
@@ -120,6 +125,8 @@ inline __m512i kscales2(const KBlock<T>& b, int j) {
     const __m512i idx = _mm512_add_epi16(_mm512_load_si512(quarters), _mm512_set1_epi16((short)(2 * j)));
     const __m256i all = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc16));
     return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(all));
+  } else if constexpr (T == IQ3_XXS || T == IQ3_S || T == IQ1_S || T == IQ1_M) {  // ggml_dot_iq3.h, ggml_dot_iq1.h
+    return b.scales2(j);
   } else {
     return join256(b.scales(j), b.scales(j + 1));
   }
@@ -133,7 +140,8 @@ inline void ksums512(const KBlock<T>& blk, const XSet& x, int64_t r0, int64_t sb
 #pragma GCC unroll 4
   for (int j = 0; j < 8; j += 2) {
     const __m512i sv = kscales2(blk, j);
-    if constexpr (T == Q3_K || T == Q6_K || T == IQ4_XS || iq2_type(T)) {  // signed weights
+    if constexpr (T == Q3_K || T == Q6_K || T == IQ4_XS || iq2_type(T) || T == IQ3_XXS || T == IQ3_S || T == IQ1_S ||
+                  T == IQ1_M) {  // signed weights
       const Signed512 qs = ksigned2(blk, j);
       for (int r = 0; r < R; r++) {
         const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, sb * 8 + j));
