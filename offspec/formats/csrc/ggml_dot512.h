@@ -115,7 +115,7 @@ inline Signed512 ksigned2(const KBlock<T>& b, int j) {
   }
 }
 
-// The scales of sub-blocks j and j + 1 (16 x int16 each, as KBlock::scales). Q2_K's and Q3_K's 16 scales per 16
+// The scales of sub-blocks j and j + 1 (16 x int16 each, as KBlock::scales). Q2_K's, Q3_K's, the IQ2 types' 16 per 16
 // weights: one permutation of their int16 copies (sc16), 8 lanes each of scales 2j .. 2j + 3.
 template <int64_t T>
 inline __m512i kscales2(const KBlock<T>& b, int j) {
