@@ -105,7 +105,8 @@ inline Signed512 ksigned2(const KBlock<T>& b, int j) {
     return Signed512(_mm512_mask_sub_epi8(lo, neg, _mm512_set1_epi8(4), lo), neg);
   } else if constexpr (iq2_type(T)) {  // grid magnitudes and sign bits (ggml_dot_iq2.h)
     return Signed512(b.mag2(j), b.neg2(j));
-  } else if constexpr (T == IQ3_XXS || T == IQ3_S || T == IQ1_S || T == IQ1_M) {  // ggml_dot_iq3.h, ggml_dot_iq1.h
+  } else if constexpr (T == IQ3_XXS || T == IQ3_S || T == IQ1_S || T == IQ1_M) {
+    // the lattice types decode a pair at once: KBlock::pair (ggml_dot_iq3.h, ggml_dot_iq1.h)
     __m512i mag;
     __mmask64 neg;
     b.pair(j, mag, neg);
@@ -125,7 +126,7 @@ inline __m512i kscales2(const KBlock<T>& b, int j) {
     const __m512i idx = _mm512_add_epi16(_mm512_load_si512(quarters), _mm512_set1_epi16((short)(2 * j)));
     const __m256i all = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc16));
     return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(all));
-  } else if constexpr (T == IQ3_XXS || T == IQ3_S || T == IQ1_S || T == IQ1_M) {  // ggml_dot_iq3.h, ggml_dot_iq1.h
+  } else if constexpr (T == IQ3_XXS || T == IQ3_S || T == IQ1_S || T == IQ1_M) {  // KBlock::scales2 (as pair)
     return b.scales2(j);
   } else {
     return join256(b.scales(j), b.scales(j + 1));
