@@ -4,8 +4,8 @@ and its bundled ptxas; offspec/formats/gpu/aot.py), the launches recorded from t
 - every kernel configuration fits each card's shared memory and registers (Triton's interpreter checks none: the
   H100 found `_gemm` needing 262,144 B of its 232,448). Quick: the largest linear tiles per card, the layer
   kernels on the smallest card; slow (a test per type and card: select by node id): every type at each card's
-  largest tiles, every tiling and decode on the smallest card, the layer kernels on every card (float16 has
-  bfloat16's bytes: the same tiles);
+  largest tiles, every tiling and decode on the smallest card (the lattice and ternary types: fewer, see LARGEST),
+  the layer kernels on every card (float16 has bfloat16's bytes: the same tiles);
 - a linear's rows go through one arithmetic at every row count: the launches of 1, 17, 64 and 1,024 rows use the
   same operand layouts (MMA version, instruction shape, kWidth: the K order inside an instruction), the same PTX
   arithmetic, no contraction, mma.sync and never wgmma; the negative controls show the comparison sees what broke
@@ -26,11 +26,18 @@ LATTICE = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "
 ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
              "IQ4_NL", "IQ4_XS") + LATTICE
 CARDS_ = ("sm_80", "sm_86", "sm_89", "sm_90")
-# The lattice and ternary types' decoders differ in their grid reads, not in the MMA that follows: their sweep is
-# cut to what CI can afford (all of it cost 35 min of a busy 2-core machine): bfloat16 at every card's largest
-# tiles, float32 there on the smallest card only (every tiling in both dtypes: below), one card's arithmetic.
+# The lattice and ternary types' decoders differ in their grid reads (an int8 table read through L1: no shared
+# memory), not in the tiles and MMA that follow: their sweep is cut to what CI can afford (all of it cost 35 min of a
+# busy 2-core machine, the cut below of stop 66 still ~10): bfloat16 at sm_90's largest tiles, both dtypes on the
+# smallest card (sm_89: the least shared memory, the registers of every card from sm_80 on), every tiling there in
+# bfloat16 and, for one type per decoder family, float32; one card's arithmetic.
+FAMILIES = ("IQ1_M", "IQ2_S", "IQ3_S", "TQ1_0")  # the largest decoder of each family (sign tables, two grids, ...)
 LARGEST = [(card, t, dtypes) for t in ALL_TYPES for card in CARDS_
-           for dtypes in [("bfloat16", "float32") if t not in LATTICE or card == "sm_89" else ("bfloat16",)]]
+           for dtypes in ([("bfloat16", "float32")] if t not in LATTICE else
+                          [("bfloat16", "float32")] if card == "sm_89" else
+                          [("bfloat16",)] if card == "sm_90" else [])]
+TILINGS = [(dtype, t) for t in ALL_TYPES for dtype in ("bfloat16", "float32")
+           if t not in LATTICE or dtype == "bfloat16" or t in FAMILIES]
 ARITHMETIC = [(card, dtype, t) for card, dtype in (("sm_90", "bfloat16"), ("sm_80", "float32")) for t in ALL_TYPES
               if t not in LATTICE or card == "sm_90"]
 ROW_COUNTS = (1, 17, 64, 1024)
@@ -193,8 +200,7 @@ def test_the_layer_kernels_fit_every_card(card):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("type_name", ALL_TYPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("dtype, type_name", TILINGS)
 def test_every_tiling_and_decode_fits_the_smallest_card(dtype, type_name):
     """sm_89 (99 KB a block, as the RTX 3090 and 4090): each type's linear at 1 row (the 16-row tiles) and 17 (the
     64-row tiles, the K splits summed apart), with a bias (without one a launch only loads less), and its decodes (a
@@ -205,7 +211,7 @@ def test_every_tiling_and_decode_fits_the_smallest_card(dtype, type_name):
     from offspec.formats.gpu import linear as gl
     from offspec.formats.gpu.launch import CARDS, recording
 
-    gpu = CARDS["sm_89"]
+    gpu, dtype = CARDS["sm_89"], getattr(torch, dtype)
     for rows in (1, 17):
         _check_resources(_linear_launches(type_name, dtype, rows, gpu), gpu)
     t = ggml_type(type_name)
