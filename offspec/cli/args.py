@@ -38,7 +38,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", help="target model: local HF dir, .gguf file or hub id (default: built-in pair)")
     g.add_argument("--draft", help="draft model, same forms, any tokenizer (another one's proposals are mapped "
                    "through text); default: with --target, a cached model with its tokenizer, else the default "
-                   "draft, else none; `none`: no draft model, the target speculates with suffix drafts alone")
+                   "draft, else none; `none`: no draft model, the target speculates with suffix drafts alone; `self` "
+                   "(or self:Q2_K): the target's own GGUF requantized to Q3_K, built once into the cache")
     g.add_argument("--draft-vocab", metavar="N|auto|full", help="tokens the draft's LM head scores: its N most "
                    "frequent (default auto: 65536 where a ranks table knows the tokenizer, else all), or full; the "
                    "target scores every token (lossless either way)")

@@ -25,6 +25,7 @@ from .auto_draft import choose_draft, tokenizer_difference
 from .convert import failure_reason
 from .draft_vocab import reduce_draft_head
 from .gguf_tokenizer import gguf_tokenizer
+from .self_draft import self_draft_type
 from .sources import ResolvedModel, convert_located, locate_model
 
 T = TypeVar("T")
@@ -165,7 +166,9 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
                                         offload=offload), None
         draft_loc, draft_tok = choice.draft, choice.tokenizer
     else:
-        draft_loc = locate_model(draft_spec, "draft", progress=progress)
+        draft_loc = locate_model(draft_spec, "draft", progress=progress, target=target_loc)
+        if self_draft_type(draft_spec) is not None:
+            draft_tok = target_tok  # the target's own tokenizer, copied key for key
     if offload is not None:
         _check_quant(draft_loc, offload.draft_quant, "--draft-quant", torch.device(device))
     if draft_tok is None:

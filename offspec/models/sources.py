@@ -8,7 +8,9 @@ Spec forms, tried in this order:
                             ggml blocks (a weight store), or become float32 where the layout cannot be imported;
 * `org/name`                a Hugging Face hub id, taken from the local hub cache; downloaded only when
                             HF_HUB_OFFLINE is not set;
-* `org/name:file.gguf`      one GGUF file of a hub repo, fetched the same way, then converted once.
+* `org/name:file.gguf`      one GGUF file of a hub repo, fetched the same way, then converted once;
+* `self` or `self:Q2_K`     (a draft only) the target's own GGUF requantized to Q3_K (or Q2_K), built once into
+                            `<cache_dir>/self/` (self_draft.py), then located as a draft .gguf.
 
 `locate_model` finds a model without converting anything (a GGUF is only located); `convert_located` converts
 it; `resolve_model` does both. `offspec.models.loading.load_pair` reads the two tokenizers in between (a draft of
@@ -29,6 +31,7 @@ from offspec.util.hf import hub_cache_dir, hub_offline, quiet_transformers
 
 from . import convert, default_pair
 from .gguf_check import check_gguf
+from .self_draft import self_copy, self_draft_type
 
 ROLES = ("target", "draft")
 EXPECTED = ("a Hugging Face model directory (with config.json), a .gguf file, a hub id like org/name, "
@@ -163,16 +166,37 @@ def _locate_hub(repo: str, file: Optional[str], spec: str, role: str, progress: 
     return ResolvedModel(name=repo, path=directory, kind="hub")
 
 
-def locate_model(spec: Optional[str], role: str, *, progress: ProgressFn = no_progress) -> ResolvedModel:
+def _locate_self(type_name: str, target: Optional[ResolvedModel], progress: ProgressFn) -> ResolvedModel:
+    """The draft `self`: the copy of the target's GGUF (built once), located as a draft .gguf."""
+    if target is None:
+        raise OffspecError("`self` names a draft made from the target: use it as --draft self, with a --target")
+    if target.gguf is None:
+        raise OffspecError(f"--draft self needs a GGUF target for now, and {target.name} is a Hugging Face "
+                           f"checkpoint: pass the target as a .gguf file, or name a draft model (--draft "
+                           f"small.gguf) or --draft none")
+    copy = self_copy(target.gguf, type_name, progress)
+    return _locate_gguf(copy, "draft", name=f"{target.name} (self {type_name})", kind="gguf",
+                        source=f"self draft ({type_name}) of {target.source or target.gguf}")
+
+
+def locate_model(spec: Optional[str], role: str, *, progress: ProgressFn = no_progress,
+                 target: Optional[ResolvedModel] = None) -> ResolvedModel:
     """Find the model named by `spec` for `role` ("target" or "draft") without converting it.
 
-    The default pair's GGUF is assembled (once) from its chunk packages here. Raises OffspecError with one line
-    saying what was expected when `spec` names nothing usable.
+    The default pair's GGUF is assembled (once) from its chunk packages here, and a `self` draft (the located
+    `target` requantized) built once. Raises OffspecError with one line saying what was expected when `spec`
+    names nothing usable.
     """
     if role not in ROLES:
         raise OffspecError(f"unknown model role {role!r}; expected one of {', '.join(ROLES)}")
     if spec is None or spec.strip().lower() in ("", "default"):
         return _locate_default(role, progress)
+    self_type = self_draft_type(spec)
+    if self_type is not None:
+        if role != "draft":
+            raise OffspecError(f"{role} model {spec.strip()!r}: `self` names a draft made from the target; "
+                               f"use --draft self, with a --target")
+        return _locate_self(self_type, target, progress)
     spec = spec.strip()
     path = Path(spec).expanduser()
     if path.is_dir():

@@ -1,0 +1,159 @@
+"""`--draft self`: the target's GGUF requantized to Q3_K (offspec/models/self_draft.py), built once into the cache,
+loaded as an ordinary draft of the same tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+from helpers.tiny import save_tiny_model
+from helpers.tiny_gguf import save_tiny_gguf
+
+import offspec
+from offspec import OffspecError
+from offspec.formats import kquant
+from offspec.models import self_draft
+from offspec.models.self_draft import copy_path, self_copy, self_draft_type
+
+LOAD = dict(max_context=256, max_budget=64)
+PROMPT = [5, 9, 33, 70, 71, 72, 100, 3, 44, 120, 7, 18, 64, 90]
+BLOCK_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(root))
+    return root
+
+
+@pytest.fixture
+def target(tmp_path):
+    # hidden 256, inter 512: every block matrix has rows of a multiple of 256 values
+    return save_tiny_gguf(tmp_path / "target.gguf", "qwen2", seed=0, hidden=256, inter=512, layers=2)
+
+
+def _events(path, type_name="Q3_K"):
+    events = []
+    return self_copy(path, type_name, progress=events.append), events
+
+
+def _is_block_weight(name: str) -> bool:
+    return name.startswith("blk.") and name.endswith(".weight") and name.split(".")[2] in BLOCK_WEIGHTS
+
+
+def test_the_copy_has_the_targets_tensors_metadata_and_tokenizer_with_q3_k_blocks(cache, target):
+    copy, events = _events(target)
+    assert copy.parent == cache / "self" and copy.is_file()
+    src, out = gguf.GGUFReader(str(target)), gguf.GGUFReader(str(copy))
+    assert [t.name for t in out.tensors] == [t.name for t in src.tensors]  # every tensor, in order
+    assert set(out.fields) == set(src.fields)  # every metadata key
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.model", "tokenizer.chat_template", "tokenizer.ggml.eos_token_id",
+                "general.architecture", "qwen2.embedding_length", "qwen2.block_count"):
+        assert out.fields[key].contents() == src.fields[key].contents(), key
+        assert out.fields[key].types == src.fields[key].types, key
+    assert out.fields["general.name"].contents() == "tiny-qwen2-0 (offspec self draft, Q3_K)"
+    requantized = 0
+    for s, o in zip(src.tensors, out.tensors):
+        assert list(o.shape) == list(s.shape), s.name
+        if _is_block_weight(s.name):
+            assert o.tensor_type == gguf.GGMLQuantizationType.Q3_K, s.name
+            want = gguf.dequantize(s.data, s.tensor_type)  # (rows, cols) float32
+            got = gguf.dequantize(o.data, o.tensor_type)  # (rows, cols) float32
+            assert np.sqrt(((got - want) ** 2).mean()) < 0.25 * np.sqrt((want ** 2).mean()), s.name
+            requantized += 1
+        else:  # norms, biases, the token table, the LM head: byte for byte
+            assert o.tensor_type == s.tensor_type and bytes(o.data) == bytes(s.data), s.name
+    assert requantized == 2 * len(BLOCK_WEIGHTS)
+    assert events[-1].finished and events[-1].message.startswith("self draft: Q3_K copy of target, ")
+    assert "built in" in events[-1].message
+    steps = [e for e in events if not e.finished]
+    assert [e.done for e in steps] == list(range(len(src.tensors))) and steps[0].total == len(src.tensors)
+
+
+def test_a_weight_already_at_that_few_bits_is_kept_and_q2_k_is_asked_for_by_name(cache, tmp_path):
+    low = save_tiny_gguf(tmp_path / "low.gguf", "llama", types={"linear": "IQ3_XXS"})  # 3.06 bits per weight
+    assert self_draft_type(" SELF ") == "Q3_K" and self_draft_type("self:q2_k") == "Q2_K"
+    assert self_draft_type("small.gguf") is None and self_draft_type(None) is None
+    with pytest.raises(OffspecError, match="self:Q2_K"):
+        self_draft_type("self:Q4_K")
+    copy, events = _events(low)
+    src, out = gguf.GGUFReader(str(low)), gguf.GGUFReader(str(copy))
+    for s, o in zip(src.tensors, out.tensors):
+        if s.tensor_type == gguf.GGMLQuantizationType.IQ3_XXS:  # below Q3_K's 3.44 bits: kept as it is
+            assert o.tensor_type == s.tensor_type and bytes(o.data) == bytes(s.data), s.name
+        elif _is_block_weight(s.name):  # the Q6_K ones
+            assert o.tensor_type == gguf.GGMLQuantizationType.Q3_K, s.name
+    assert "block weights kept at their own type" in events[-1].message
+    q2 = self_copy(low, "Q2_K")
+    assert q2 != copy and {t.tensor_type.name for t in gguf.GGUFReader(str(q2)).tensors
+                           if _is_block_weight(t.name)} == {"Q2_K"}
+
+
+def test_the_second_call_takes_the_cached_copy_and_a_changed_target_gets_a_new_one(cache, target, monkeypatch):
+    copy, _ = _events(target)
+    mtime, real = copy.stat().st_mtime_ns, kquant.quantize_k
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the copy was built again")
+
+    monkeypatch.setattr(kquant, "quantize_k", no_rebuild)
+    again, events = _events(target)
+    assert again == copy and copy.stat().st_mtime_ns == mtime
+    assert events == [events[-1]] and events[-1].finished and events[-1].message.endswith(", cached")
+    monkeypatch.setattr(kquant, "quantize_k", real)
+    os.utime(target, ns=(mtime + 10**9, mtime + 10**9))  # the target changed: its copy is built again
+    newer, events = _events(target)
+    assert newer != copy and newer.is_file() and "built in" in events[-1].message
+    assert not copy.exists() and sorted(p.name for p in newer.parent.iterdir()) == [newer.name, newer.name + ".built"]
+
+
+def test_an_interrupted_build_leaves_the_cache_as_it_was_and_a_later_one_succeeds(cache, target, monkeypatch):
+    real, calls = kquant.quantize_k, []
+
+    def interrupted(values, type_name, importance=None):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(values, type_name, importance)
+
+    monkeypatch.setattr(kquant, "quantize_k", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        self_copy(target)
+    assert list((cache / "self").iterdir()) == []  # no copy, no marker, no temp
+    monkeypatch.setattr(kquant, "quantize_k", real)
+    copy = self_copy(target)
+    assert copy == copy_path(target, "Q3_K") and gguf.GGUFReader(str(copy)).tensors
+    # a build that fails on a tensor it cannot requantize says so in one line, and leaves nothing either
+    monkeypatch.setattr(self_draft, "FORMAT_VERSION", 99)  # another copy name
+    monkeypatch.setattr(kquant, "quantize_k", lambda *a, **k: (_ for _ in ()).throw(ValueError("bad values")))
+    with pytest.raises(OffspecError, match=r"cannot requantize blk\.0\.attn_q\.weight") as info:
+        self_copy(target)
+    assert "\n" not in str(info.value)
+    assert sorted(p.name for p in (cache / "self").iterdir()) == [copy.name, copy.name + ".built"]
+
+
+def test_greedy_with_draft_self_is_the_targets_own_output(cache, target):
+    gen = offspec.load(str(target), "self", budget=16, **LOAD)
+    assert "(self Q3_K)" in gen.info.draft and (cache / "self").is_dir()
+    alone = offspec.load(str(target), "none", budget=4, **LOAD).generate(PROMPT, max_new_tokens=24, speculate=False)
+    assert gen.generate(PROMPT, max_new_tokens=24, speculate=False).token_ids == alone.token_ids
+    accepted = 0
+    for nodes in (1, 16):
+        result = gen.generate(PROMPT, max_new_tokens=24, budget=nodes, drafter="model")
+        assert result.token_ids == alone.token_ids, nodes
+        accepted += sum(p.accepted for p in result.passes)
+    assert accepted > 0  # the copy agrees with its target often enough to be accepted
+
+
+def test_a_target_that_is_not_a_gguf_or_self_as_a_target_is_one_line(cache, tmp_path):
+    hf_dir = save_tiny_model(tmp_path / "hf", arch="qwen2")
+    with pytest.raises(OffspecError, match="--draft self needs a GGUF target for now") as info:
+        offspec.load(str(hf_dir), "self", **LOAD)
+    assert "\n" not in str(info.value) and "--draft none" in str(info.value)
+    with pytest.raises(OffspecError, match="use --draft self"):
+        offspec.load("self", "none", **LOAD)
+    assert not (cache / "self").exists()
