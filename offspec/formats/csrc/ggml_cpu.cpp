@@ -52,9 +52,11 @@ inline int64_t amx_min_rows(int64_t type, int64_t K) { return type == Q6_K && K 
 
 // f(i0, i1) over 0 .. n in chunks of `chunk`, handed to the threads as they come free (an atomic counter) instead of
 // at::parallel_for's one fixed share each. On a machine whose cores something else also runs, the fixed share of a
-// thread that shares its core takes twice as long and the whole pass waits for it: a decode step of the 1.5B Q3_K_M
-// target, 2 threads, one other busy process, 28-30 ms quiet -> 47-50 ms with fixed shares (llama.cpp, whose threads
-// take chunks as they come free, lost 1.3x). Which thread computes a chunk changes no bits (row invariance).
+// thread that shares its core takes twice as long and the whole pass waits for it: decode steps of the 1.5B Q3_K_M
+// target, 2 threads on a 2-core Zen 4 shared with other jobs, ran 28-30 ms at quiet moments and 47-53 ms at busy ones
+// with fixed shares (llama.cpp's threads take chunks as they come free). Not yet measured with this: the machine was
+// too busy (load 4-6) to tell; at a quiet moment one decode step's matmuls cost the same (30.1 against 30.2 ms).
+// Which thread computes a chunk changes no bits (row invariance).
 template <class F>
 void shared_for(int64_t n, int64_t chunk, const F& f) {
   const int64_t chunks = (n + chunk - 1) / chunk;
