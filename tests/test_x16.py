@@ -235,6 +235,37 @@ def test_products_of_one_input_by_several_weights_are_each_weights_bits(ext, nam
     assert [y.shape for y in ext.qgemm_many(x[:0].clone(), weights, types, cols)] == [(0, n) for n in rows]
 
 
+
+@pytest.mark.parametrize("threads", (1, 2, 3))
+def test_products_are_the_same_bits_whatever_the_threads_and_their_chunks(ext, threads):
+    """x16_gemm hands its 16-row groups to the threads in chunks as they come free (ggml_cpu.cpp shared_for: about
+    a twelfth of a thread's share): a chunk ending inside a weight, one straddling two weights of qgemm_many and a
+    last partial chunk give every row the bits of one activation row through the row-major kernels."""
+    rng = np.random.default_rng(threads)
+    cols = 512
+    names, rows = ("Q3_K", "Q3_K", "Q4_K"), (16 * 61 + 3, 16 * 25, 16 * 7 + 9)  # 61 + 25 + 7 groups, chunks of 1-3
+    weights, types, plain = [], [], []
+    for name, n in zip(names, rows):
+        raw = torch.from_numpy(random_blocks(rng, name, n, cols))  # (n, row_bytes) uint8
+        tid = ggml_type(name).id
+        weights.append(ext.interleave(raw, tid, cols, True))
+        types.append(tid + kernels.X16_TYPES)
+        plain.append((raw, tid))
+    x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)  # (9, cols)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = {m: ext.qgemm_many(x[:m].clone(), weights, types, cols) for m in (1, 9)}
+        alone = ext.qgemm(x[:9].clone(), weights[0], types[0], cols)
+    finally:
+        torch.set_num_threads(before)
+    for i, (raw, tid) in enumerate(plain):
+        want = torch.cat([ext.qgemm(x[m:m + 1].clone(), raw, tid, cols) for m in range(9)])  # (9, n), one row each
+        for m, ys in got.items():
+            assert torch.equal(ys[i].view(torch.int32), want[:m].view(torch.int32)), (i, m)
+    assert torch.equal(alone.view(torch.int32), got[9][0].view(torch.int32))
+
+
 def test_a_loaded_pairs_draft_takes_the_drafts_products_and_the_output_stays_the_targets(tmp_path, monkeypatch):
     """offspec.load marks the draft's QLinears (kernels.as_draft) and never the target's; model-drafted replies
     equal the target's own greedy ones, whichever products the draft takes."""

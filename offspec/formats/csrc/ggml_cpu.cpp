@@ -22,6 +22,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,27 @@ constexpr int64_t GRAIN = 16;  // weight rows per task: amortises the fork for s
 // 19.7, 8: 19.1 / 19.7), or from 6 where kwtile's activation rows (M x K int8) spill out of L1 (ffn_down, K = 8960).
 inline int64_t amx_min_rows(int64_t type, int64_t K) { return type == Q6_K && K <= 4096 ? 8 : 6; }
 #endif
+
+// f(i0, i1) over 0 .. n in chunks of `chunk`, handed to the threads as they come free (an atomic counter) instead of
+// at::parallel_for's one fixed share each. On a machine whose cores something else also runs, the fixed share of a
+// thread that shares its core takes twice as long and the whole pass waits for it: decode steps of the 1.5B Q3_K_M
+// target, 2 threads on a 2-core Zen 4 shared with other jobs, ran 28-30 ms at quiet moments and 47-53 ms at busy ones
+// with fixed shares (llama.cpp's threads take chunks as they come free). Not yet measured with this: the machine was
+// too busy (load 4-6) to tell; at a quiet moment one decode step's matmuls cost the same (30.1 against 30.2 ms).
+// Which thread computes a chunk changes no bits (row invariance).
+template <class F>
+void shared_for(int64_t n, int64_t chunk, const F& f) {
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  const int64_t T = std::min<int64_t>(at::get_num_threads(), chunks);
+  if (T <= 1 || at::in_parallel_region()) {
+    if (n > 0) f(0, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, T, 1, [&](int64_t, int64_t) {
+    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) f(c * chunk, std::min(n, (c + 1) * chunk));
+  });
+}
 
 #ifdef OFFSPEC_AVX2
 // The activation rows of interleaved products quantized as their base type's kernels take them (qgemm quantizes
@@ -101,7 +123,9 @@ void x16_gemm(const float* xp, int64_t M, int64_t K, const std::vector<torch::Te
     sums16 = sums16 || x16_base(types[i]) == Q6_K || x16_low(x16_base(types[i]));
   }
   const X16Input in(xp, M, K, x16_base(types[0]), sums16);
-  at::parallel_for(0, first[n], 1, [&](int64_t g0, int64_t g1) {
+  // chunks of about a twelfth of a thread's share (decode's gate and up, 1120 groups on 2 threads: 47 groups, 0.3 MB)
+  const int64_t chunk = std::max<int64_t>(1, first[n] / (12 * at::get_num_threads()));
+  shared_for(first[n], chunk, [&](int64_t g0, int64_t g1) {
     for (int64_t i = 0; i < n; i++) {  // weight i's groups [a, b) of this task's share, counted within the weight
       const int64_t a = std::max(g0, first[i]) - first[i], b = std::min(g1, first[i + 1]) - first[i];
       const int64_t rb = ws[i].size(1);
@@ -182,8 +206,10 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
       amx::enabled().load())
     done = amx::kgemm(type, wp, rb, N, xs, yp);
 #endif
-  at::parallel_for(done, N, GRAIN, [&](int64_t n0, int64_t n1) {
-    dot_rows(type, wp + n0 * rb, rb, n1 - n0, xs, yp + n0, N);
+  // chunks of whole GRAINs, about a twelfth of a thread's share (shared_for)
+  const int64_t rest = N - done, chunk = std::max<int64_t>(1, rest / GRAIN / (12 * at::get_num_threads())) * GRAIN;
+  shared_for(rest, chunk, [&](int64_t n0, int64_t n1) {
+    dot_rows(type, wp + (done + n0) * rb, rb, n1 - n0, xs, yp + done + n0, N);
   });
   return y;
 }
