@@ -14,6 +14,10 @@
 // once per weight row). Every sum is exact in int32: |q| <= 62, a sub-block's |sum q (x + 128)| <= 32 * 62 * 255,
 // times ls <= 31 and over 8 sub-blocks < 2^27.
 //
+// 476 activation rows, one core (the machine shared, medians of 7), IQ3_XXS ffn_up 8960x1536: ktile's 8-row tiles
+// 266 -> 26 ms (49 -> 495 GOPS), ffn_down 1536x8960 196 -> 25 ms; IQ2_XS ffn_up 165 -> 29 ms; IQ2_S attn_q
+// 1536x1536 39 -> 4.7 ms; IQ3_S attn_output 52 -> 4.7 ms.
+//
 // Each output depends on its own activation row and weight row only: padding rows (M to a multiple of 32, weight
 // rows to a multiple of 4) compute lanes that are never stored. Row invariance holds at any M.
 #pragma once
@@ -28,6 +32,8 @@ namespace offspec {
 // The types this file runs, and from how many activation rows (a pass of fewer rows keeps ktile's 8-row tiles;
 // kwtile below 8).
 constexpr bool wide_iq_type(int64_t t) { return t == IQ2_XXS || t == IQ2_XS || t == IQ2_S || t == IQ3_XXS || t == IQ3_S; }
+// (one core, shared machine: 24 rows of IQ3_XXS ffn_up 8.6 -> 2.4 ms, 32: 10.0 -> 3.1; at 16, 32 padded rows, about
+// even; 8 stay on kwtile / ktile)
 constexpr int64_t WIDE_MIN_ROWS = 16;
 constexpr int64_t WIDE_PANEL = 16;  // activation rows per register (16 int32 lanes)
 
@@ -107,7 +113,9 @@ struct WideW {
 // The scales' granularity: IQ2_XS and IQ2_S have a scale per 16 weights, the others per 32.
 constexpr int wide_group(int64_t t) { return t == IQ2_XS || t == IQ2_S ? 16 : 32; }
 
-// Weight rows t0 .. t0 + 4 of W against activation panels p0, p0 + 1 over all of K: y[m * ystride + t] for the
+// Weight rows t0 .. t0 + 4 of W against activation panels p0, p0 + 1 over all of K (8 integer sums of a sub-block,
+// 8 of the super-block and 8 float accumulators in registers: per 4 bytes of K, 2 activation loads and 4 weight
+// broadcasts feed 8 vpdpbusd of 64 products each; IQ2_XS's and IQ2_S's scales per 16 cost a vpmulld per 4 of them): y[m * ystride + t] for the
 // valid rows m < M and t < nw (weight row t0 + t of the block is output column t of y).
 template <int G>
 inline void wide_tile(const WideW& W, int64_t t0, int64_t nw, const WideX& X, int64_t p0, float* y, int64_t ystride) {
@@ -167,7 +175,9 @@ inline void wide_tile(const WideW& W, int64_t t0, int64_t nw, const WideX& X, in
 }
 
 // y[m * ystride + i] for `count` weight rows W_i (rb bytes apart) and every activation row m: blocks of weight rows
-// decoded once (about 256 KB of them, L2-resident with a pair of activation panels), each against all the panels.
+// decoded once (about 256 KB of them, 64 at most: L2-resident with a pair of activation panels, 32 x K bytes, which
+// the block's 4-row tiles then read from L2), each against all the panels (the activations stream from L3 once per
+// block, a byte per 16 to 64 products).
 template <int64_t T>
 void wide_rows(const uint8_t* w, int64_t rb, int64_t count, const WideX& X, float* y, int64_t ystride) {
   const int64_t K = X.K;
