@@ -180,6 +180,22 @@ def test_low_bit_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("type_name", ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"))
+@pytest.mark.parametrize("cols", (512, 4608))
+def test_wide_lattice_passes_give_the_one_row_bits_at_every_tile_edge(type_name, cols):
+    """The lattice types' wide passes (csrc/ggml_wide_iq.h, AVX512-VNNI builds: from 16 activation rows, panels of
+    16 taken in pairs, register tiles of 4 weight rows, blocks of 64 (cols 512) or 56 (cols 4608) weight rows) give
+    every row the bits of a one-row pass, at row counts on either side of each edge."""
+    rows = 70 if cols == 512 else 61  # a second weight-row block of 6 / 5 rows: a partial register tile
+    raw = blocks(type_name, rows=rows, cols=cols, seed=4)
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal((97, cols)).astype(np.float32))
+    x[3] *= 40.0
+    tid = ggml_type(type_name).id
+    one = torch.cat([kernels.linear(x[m : m + 1].clone(), raw, tid, cols) for m in range(97)])
+    for m in (15, 16, 17, 31, 32, 33, 47, 48, 49, 64, 65, 97):
+        assert torch.equal(kernels.linear(x[:m].clone(), raw, tid, cols), one[:m]), m
+
+
 def test_an_iq2_grid_of_other_values_is_refused():
     """The IQ2 kernels keep each grid value as one of the three that gguf's tables have (8, 25, 43: csrc/
     ggml_decode_iq.h level_codes): a grid with another value is an error, and the grid in use stays."""

@@ -20,6 +20,10 @@
 #ifdef OFFSPEC_AMX
 #include "ggml_amx.h"
 #endif
+#if defined(OFFSPEC_AVX512) && defined(__AVX512VNNI__)
+#define OFFSPEC_WIDE_IQ 1
+#include "ggml_wide_iq.h"  // the lattice types' wide passes as a blocked integer GEMM
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -205,6 +209,15 @@ torch::Tensor qgemm(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   if ((type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS) && M >= amx_min_rows(type, K) &&
       amx::enabled().load())
     done = amx::kgemm(type, wp, rb, N, xs, yp);
+#endif
+#ifdef OFFSPEC_WIDE_IQ
+  if (wide_iq_type(type) && M >= WIDE_MIN_ROWS) {  // ggml_wide_iq.h: the same bits as dot_rows'
+    const WideX wx(xs);
+    at::parallel_for(0, N, GRAIN, [&](int64_t n0, int64_t n1) {
+      wide_dot_rows(type, wp + n0 * rb, rb, n1 - n0, wx, yp + n0, N);
+    });
+    return y;
+  }
 #endif
   // chunks of whole GRAINs, about a twelfth of a thread's share (shared_for)
   const int64_t rest = N - done, chunk = std::max<int64_t>(1, rest / GRAIN / (12 * at::get_num_threads())) * GRAIN;
