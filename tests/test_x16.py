@@ -206,6 +206,18 @@ def test_a_draft_is_marked_for_its_products_unless_asked_exact(ext, monkeypatch)
     assert torch.allclose(modules[0](x), exact, rtol=1e-4, atol=1e-4)
 
 
+def _interleaved(ext, rng, names, rows, cols):
+    """Random weights of `names` (`rows` rows each): their interleaved layouts, x16 type ids and (raw, type id)."""
+    weights, types, plain = [], [], []
+    for name, n in zip(names, rows):
+        raw = torch.from_numpy(random_blocks(rng, name, n, cols))  # (n, row_bytes) uint8
+        tid = ggml_type(name).id
+        weights.append(ext.interleave(raw, tid, cols, True))
+        types.append(tid + kernels.X16_TYPES)
+        plain.append((raw, tid))
+    return weights, types, plain
+
+
 @pytest.mark.parametrize("names, cols", [
     (("Q4_K", "Q4_K", "Q6_K"), 512),  # the 1.5B target's q, k, v: one quantization of the input for all three
     (("Q5_0", "Q5_0"), 96),  # the 0.5B draft's gate and up
@@ -218,13 +230,7 @@ def test_products_of_one_input_by_several_weights_are_each_weights_bits(ext, nam
     of whole groups, one group and none, and rows past the last group."""
     rng = np.random.default_rng(len(names) * cols)
     rows = (37, 16, 5, 48)[:len(names)]
-    weights, types, plain = [], [], []
-    for name, n in zip(names, rows):
-        raw = torch.from_numpy(random_blocks(rng, name, n, cols))  # (n, row_bytes) uint8
-        tid = ggml_type(name).id
-        weights.append(ext.interleave(raw, tid, cols, True))
-        types.append(tid + kernels.X16_TYPES)
-        plain.append((raw, tid))
+    weights, types, plain = _interleaved(ext, rng, names, rows, cols)
     x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)  # (9, cols)
     for m in (1, 2, 4, 5, 9):
         got = ext.qgemm_many(x[:m].clone(), weights, types, cols)
@@ -235,7 +241,6 @@ def test_products_of_one_input_by_several_weights_are_each_weights_bits(ext, nam
     assert [y.shape for y in ext.qgemm_many(x[:0].clone(), weights, types, cols)] == [(0, n) for n in rows]
 
 
-
 @pytest.mark.parametrize("threads", (1, 2, 3))
 def test_products_are_the_same_bits_whatever_the_threads_and_their_chunks(ext, threads):
     """x16_gemm hands its 16-row groups to the threads in chunks as they come free (ggml_cpu.cpp shared_for: about
@@ -244,13 +249,7 @@ def test_products_are_the_same_bits_whatever_the_threads_and_their_chunks(ext, t
     rng = np.random.default_rng(threads)
     cols = 512
     names, rows = ("Q3_K", "Q3_K", "Q4_K"), (16 * 61 + 3, 16 * 25, 16 * 7 + 9)  # 61 + 25 + 7 groups, chunks of 1-3
-    weights, types, plain = [], [], []
-    for name, n in zip(names, rows):
-        raw = torch.from_numpy(random_blocks(rng, name, n, cols))  # (n, row_bytes) uint8
-        tid = ggml_type(name).id
-        weights.append(ext.interleave(raw, tid, cols, True))
-        types.append(tid + kernels.X16_TYPES)
-        plain.append((raw, tid))
+    weights, types, plain = _interleaved(ext, rng, names, rows, cols)
     x = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)  # (9, cols)
     before = torch.get_num_threads()
     try:
