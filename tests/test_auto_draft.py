@@ -115,7 +115,7 @@ def test_no_target_is_the_default_pair_as_before(models, monkeypatch):
     """Without --target nothing is chosen: the default draft serves the default target."""
     located = {"target": ResolvedModel(name="t", path=models["target"], kind="local"),
                "draft": ResolvedModel(name="d", path=models["small"], kind="local")}
-    monkeypatch.setattr(loading, "locate_model", lambda spec, role, progress=None: located[role])
+    monkeypatch.setattr(loading, "locate_model", lambda spec, role, progress=None, target=None: located[role])
     monkeypatch.setattr(loading, "choose_draft", lambda *a, **k: pytest.fail("no choice without a target"))
     events = []
     _, draft = load_pair(None, None, device="cpu", dtype=torch.float32, progress=events.append)
