@@ -90,6 +90,15 @@ class TreeConfig:
     # `pass_cost`, a hybrid pass grows that tree only where it is expected to beat the suffix candidates that pay on
     # their own (a copy of given text takes those, prose the model's tree); None = always. `budget="auto"` sets it
     model_expectation: Optional[tuple[float, float]] = None
+    # a streamed target: while the pass's first streamed layer is still being read (ShadowSpec), the draft model
+    # keeps growing the tree that pass will verify, up to this many nodes past `budget`; None = `budget` more
+    # (at most twice the tree), 0 = never (offspec/spec/drafter.py, PassStats.grown_nodes)
+    grow_nodes: Optional[int] = None
+
+    @property
+    def growth(self) -> int:
+        """The most nodes the tree may gain past `budget` while the weights load (`grow_nodes`)."""
+        return self.budget if self.grow_nodes is None else self.grow_nodes
 
     @property
     def beams(self) -> int:
@@ -105,6 +114,10 @@ class TreeConfig:
                 auto = " or auto" if name == "budget" else ""
                 raise OffspecError(f"{name} must be a positive integer{auto}, got {value!r}; "
                                    f"pass e.g. --{name.replace('_', '-')} 64")
+        if self.grow_nodes is not None and (not isinstance(self.grow_nodes, int) or isinstance(self.grow_nodes, bool)
+                                            or self.grow_nodes < 0):
+            raise OffspecError(f"grow_nodes must be a whole number >= 0 (0: the tree never grows while the weights "
+                               f"load), got {self.grow_nodes!r}; pass e.g. --grow-nodes 64")
         if self.drafter is not None and self.drafter not in DRAFTERS:
             raise OffspecError(f"unknown drafter {self.drafter!r}; use {', '.join(DRAFTERS)}")
         if self.pass_cost is not None:

@@ -37,6 +37,7 @@ class PassStats:
     tree: Optional[TreeSnapshot] = None  # filled in for the last pass of a call (for the UI's tree panel)
     drafter: str = ""  # what built the tree: "model", "suffix" or "hybrid" ("" when not speculating)
     caught_up: int = 0  # committed tokens the draft model processed first (its cache lagged), 0 if it did not run
+    grown_nodes: int = 0  # nodes past the budget the draft added while the first streamed layer loaded (grow_nodes)
 
     @property
     def stream_bandwidth(self) -> float:
@@ -126,7 +127,7 @@ class GenerationResult:
                 {"tree_size": p.tree_size, "accepted": p.accepted, "emitted": p.emitted,
                  "draft_seconds": round(p.draft_seconds, 5), "target_seconds": round(p.target_seconds, 5),
                  "io_wait_seconds": round(p.io_wait_seconds, 5), "bytes_streamed": p.bytes_streamed,
-                 "stream_gb_per_s": round(p.stream_bandwidth / 1e9, 3)}
+                 "stream_gb_per_s": round(p.stream_bandwidth / 1e9, 3), "grown_nodes": p.grown_nodes}
                 for p in self.passes
             ],
         }

@@ -19,7 +19,7 @@ class ScriptedModel:
     def __init__(self):
         self.calls, self.caught_up, self.runner = 0, 2, None
 
-    def propose(self, tokens, config, temperature, rival=None, grammar=None):
+    def propose(self, tokens, config, temperature, rival=None, grammar=None, grow=None):
         self.calls += 1
         tree = DraftTree(config.budget + 1)
         tree.reset(tokens[-1])

@@ -206,8 +206,8 @@ def test_mapped_proposals_the_grammar_forbids_are_left_out_and_greedy_stays_the_
     checked = []
     propose = mapped.propose
 
-    def spy(tokens, config, temperature, rival=None, grammar=None):
-        tree = propose(tokens, config, temperature, rival=rival, grammar=grammar)
+    def spy(tokens, config, temperature, rival=None, grammar=None, grow=None):
+        tree = propose(tokens, config, temperature, rival=rival, grammar=grammar, grow=grow)
         n = tree.n
         checked.append(grammar.allowed_nodes(tree.tokens[1:n].tolist(), [p - 1 for p in tree.parents[1:n].tolist()]))
         return tree

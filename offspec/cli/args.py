@@ -68,6 +68,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--max-beams", type=int, help="nodes expanded per draft step (default: auto, budget/8 within [4, 64])")
     t.add_argument("--branch", type=int, help=f"children per expanded node (default {_TREE.branch})")
     t.add_argument("--max-depth", type=int, help=f"deepest tree level (default {_TREE.max_depth})")
+    t.add_argument("--grow-nodes", type=int, metavar="N", help="a streamed target: while a pass's first streamed "
+                   "layer is still being read, the draft grows its tree by up to N more nodes (default: the budget "
+                   "again; 0 = never)")
     t.add_argument("--chain", type=int, metavar="DEPTH", help="classic speculative decoding: one draft chain")
     t.add_argument("--drafter", choices=list(DRAFTERS), help="who proposes the tree: the draft model, the suffix "
                    "index (continuations of text already seen), or both merged (default: hybrid, suffix with --draft none)")

@@ -125,6 +125,7 @@ def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temper
             "draft_seconds": result.draft_seconds, "target_seconds": result.target_seconds,
             "io_wait_seconds": sum(p.io_wait_seconds for p in result.passes),
             "bytes_streamed": sum(p.bytes_streamed for p in result.passes),
+            "grown_nodes": sum(p.grown_nodes for p in result.passes),  # drafted while the weights loaded
             "budgets": sorted({p.budget for p in result.passes}), "token_ids": result.token_ids}
 
 
@@ -161,7 +162,7 @@ def _run_hf_assisted(generator, prompt: str, *, max_new_tokens: int, temperature
     if new and new[-1] in generator.eos_ids:
         new = new[:-1]  # offspec does not count the end-of-sequence token either
     return {"tokens": len(new), "passes": calls[0], "seconds": seconds, "draft_seconds": 0.0,
-            "target_seconds": 0.0, "io_wait_seconds": 0.0, "bytes_streamed": 0, "budgets": [],
+            "target_seconds": 0.0, "io_wait_seconds": 0.0, "bytes_streamed": 0, "grown_nodes": 0, "budgets": [],
             "token_ids": new}
 
 
@@ -287,6 +288,8 @@ def summarize(runs: list[dict]) -> dict:
         "target_seconds_per_pass": per_pass("target_seconds"),
         "io_wait_seconds_per_pass": per_pass("io_wait_seconds"),
         "bytes_streamed_per_pass": per_pass("bytes_streamed"),
+        # tree nodes drafted while a pass's first layer loaded (runs resumed from before it was counted: none)
+        "grown_nodes_per_pass": sum(r.get("grown_nodes", 0) for r in runs) / passes if passes else 0.0,
         # achieved weight-streaming bandwidth over the target passes (bytes/s; 0 when nothing streams)
         "stream_bandwidth": (sum(r["bytes_streamed"] for r in runs) / target_seconds) if target_seconds else 0.0,
         "budgets": sorted({b for r in runs for b in r["budgets"]}),
@@ -323,17 +326,17 @@ def markdown_table(report: dict) -> str:
     setups = report["setups"]
     ar = setups.get("ar")
     lines = ["| set-up | prompts | tokens/pass | tokens/s | tokens/s after the prompt | speed-up vs ar | draft s/pass | "
-             "target s/pass | MB streamed/pass | passes by drafter | greedy mismatches vs ar |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "target s/pass | MB streamed/pass | nodes grown/pass | passes by drafter | greedy mismatches vs ar |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in setups.items():
         speedup = f"{s['tokens_per_second'] / ar['tokens_per_second']:.2f}x" if ar and ar["tokens_per_second"] else "-"
         budgets = ",".join(str(b) if b else "none" for b in s["budgets"])  # 0: passes without a tree
         label = name if name != "auto" and not name.endswith("-auto") else f"{name} (budget {budgets})"
         if name == "hf-assisted":  # transformers' generate: its passes are counted, not split or metered
-            split = "- | - | -"
+            split = "- | - | - | -"
         else:
             split = (f"{s['draft_seconds_per_pass']:.3f} | {s['target_seconds_per_pass']:.3f} | "
-                     f"{s['bytes_streamed_per_pass'] / 1e6:.0f}")
+                     f"{s['bytes_streamed_per_pass'] / 1e6:.0f} | {s.get('grown_nodes_per_pass', 0.0):.1f}")
         drafters = s.get("drafters") or {}
         shares = ", ".join(f"{d} {n / sum(drafters.values()):.0%}" for d, n in drafters.items()) or "-"
         decode = s.get("decode_tokens_per_second")  # None: not split (hf, or a report from before the split)

@@ -167,6 +167,10 @@ class StreamedHead(QLinear):
             raise
         return out
 
+    def loading(self) -> bool:
+        """The head runs after every layer: it never holds the next pass's first layer back."""
+        return False
+
     def counters(self) -> tuple[int, float]:
         """(weight bytes read, seconds waited for them), cumulative."""
         with self.lock:

@@ -64,8 +64,8 @@ class OffloadHandle:
 
     @property
     def io(self) -> Any:
-        """What the target's runner reads its per-pass I/O from (`counters()`, `close()`): the layer streamer, the
-        streamed head, or both summed; None when nothing streams."""
+        """What the target's runner reads its per-pass I/O from (`counters()`, `loading()`, `close()`): the layer
+        streamer, the streamed head, or both summed; None when nothing streams."""
         parts = [p for p in (self.streamer, self.head) if p is not None]
         return None if not parts else parts[0] if len(parts) == 1 else JointIO(parts)
 
@@ -87,6 +87,10 @@ class JointIO:
         """(bytes streamed, seconds waited), summed over the parts."""
         totals = [p.counters() for p in self.parts]
         return sum(b for b, _ in totals), sum(w for _, w in totals)
+
+    def loading(self) -> bool:
+        """Whether a part's next layer is still on its way (LayerStreamer.loading)."""
+        return any(part.loading() for part in self.parts)
 
     def close(self) -> None:
         for part in self.parts:

@@ -341,6 +341,16 @@ class LayerStreamer:
             p.holding = False
             p.cv.notify_all()
 
+    def loading(self) -> bool:
+        """Whether the next layer to run is not here yet: between passes, the next pass's first streamed layer is
+        still being read or copied (the draft may grow the tree meanwhile; the engine asks). No wait, no sync."""
+        p = self._p
+        with p.cv:
+            if p.closed or p.error is not None or p.holding:
+                return False  # an error surfaces in `acquire`; a held layer is running
+            job = p.released
+            return p.issued <= job or not p.copy_events[job % p.n].query()  # query: no host wait
+
     def settle(self) -> int:
         """Wait until the ring holds the next jobs and their copies are done, so that a timing window starts with
         nothing in flight (benchmarks, `offspec doctor`). Returns how many jobs are ready ahead (the ring size)."""

@@ -246,13 +246,13 @@ class AdaptiveBudget:
             self._observe_gated(stats)  # acceptance is the suffix drafter's (not the curve's), its time the target's
             self._publish()
             return
-        if stats.tree_size > stats.budget > 0:  # a confident suffix pass beyond the budget
+        budget = stats.budget + stats.grown_nodes  # a tree grown while the weights loaded counts as its own size
+        if stats.tree_size > budget > 0:  # a confident suffix pass beyond the budget
             return  # (TreeConfig.confident_budget): the acceptance curve and the timing model are per budget
         tree = stats.tree_size > 0
         if tree:
             depth = self.plan.best.max_depth
-            self.window.append(WindowPass(stats.accepted, self._expected_accepted(stats.budget, depth), stats.budget,
-                                          depth))
+            self.window.append(WindowPass(stats.accepted, self._expected_accepted(budget, depth), budget, depth))
             self.passes += 1
             if len(self.window) >= self.config.min_passes and self.passes - self._last_replan >= self.config.min_gap:
                 self._maybe_replan()
@@ -277,10 +277,11 @@ class AdaptiveBudget:
             beyond = costs.draft_step is not None and stats.caught_up > costs.draft_step.largest  # a prompt's catch-up:
             # extrapolated past the sizes timed (a 150-token forward of the default draft took 1.55x the straight
             # line through its 8- and 64-node steps), it would be taken for a slower draft
-            if draft > 0 and (drafter != "suffix" or best.drafter == "suffix") and not beyond:  # the model's time,
-                self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))  # where it ran
+            grown = stats.grown_nodes > 0  # it drafted on while the weights loaded: its time is the reads', not its own
+            if draft > 0 and (drafter != "suffix" or best.drafter == "suffix") and not beyond and not grown:
+                self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))  # the model's time, where it ran
             if self.guard is not None:
-                expected = 1.0 + self._expected_accepted(stats.budget, curve=self.curve_in_force(),
+                expected = 1.0 + self._expected_accepted(stats.budget + stats.grown_nodes, curve=self.curve_in_force(),
                                                          scale=self._plan_scale())
                 self.guard.observe_tree(stats.draft_seconds + stats.target_seconds, expected)
         else:

@@ -103,11 +103,11 @@ class _Recorder:
     def __getattr__(self, name):  # kind, reset, forget, modes, ...: the wrapped drafter's
         return getattr(self.inner, name)
 
-    def propose(self, tokens, config, temperature, grammar=None):
+    def propose(self, tokens, config, temperature, grammar=None, grow=None):
         runner = self.runner
         self._expanded = 0
         if runner is None:  # no draft model: nothing to count
-            tree = self.inner.propose(tokens, config, temperature, grammar=grammar)
+            tree = self.inner.propose(tokens, config, temperature, grammar=grammar, grow=grow)
             self.trees.append((_ranks(tree.scores[: tree.n]), tree.depths[: tree.n].tolist(), 0))
             return tree
         original_forward, original_extend = runner.forward, runner.extend
@@ -127,7 +127,7 @@ class _Recorder:
         saved = {name: runner.__dict__[name] for name in ("forward", "extend") if name in runner.__dict__}
         runner.forward, runner.extend = forward, extend
         try:
-            tree = self.inner.propose(tokens, config, temperature, grammar=grammar)
+            tree = self.inner.propose(tokens, config, temperature, grammar=grammar, grow=grow)
         finally:
             for name in ("forward", "extend"):  # back to what they were (the class's methods, or a wrapper)
                 if name in saved:

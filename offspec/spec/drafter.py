@@ -11,7 +11,7 @@ session history the rest of offspec uses through `EngineDrafter`.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
@@ -23,14 +23,22 @@ from .sampling import draft_logprobs
 from .tree import DraftTree
 
 
+Growth = Callable[[], bool]
+"""Asked by a draft model whose tree has reached its budget: True lets the tree take `TreeConfig.beams` more nodes
+(up to `TreeConfig.growth` past the budget) and ask again; the engine answers True while the target pass's first
+streamed layer is still being read (ShadowSpec: nodes drafted then cost the pass nothing). It is asked before any
+layer of that pass runs, so every node is in the tree the target verifies."""
+
+
 class Drafter(Protocol):
     kind: str  # what built the last tree: "model", "suffix" or "hybrid" (PassStats.drafter)
     caught_up: int  # committed tokens the last proposal's draft model processed before growing (PassStats.caught_up)
 
     def propose(self, tokens: list[int], tree: TreeConfig, temperature: float,
-                grammar: Optional[GrammarPaths] = None) -> DraftTree:
+                grammar: Optional[GrammarPaths] = None, grow: Optional[Growth] = None) -> DraftTree:
         """Build a tree whose root is `tokens[-1]` (the last committed token). `grammar`: the output is constrained,
-        and this is the grammar's state at the root: propose only tokens it allows (the target never takes others)."""
+        and this is the grammar's state at the root: propose only tokens it allows (the target never takes others).
+        `grow`: once the tree has its budget, a draft model may ask it for more (see `Growth`); others ignore it."""
 
     def observe(self, accepted: list[int], n_committed: int) -> None:
         """The target accepted tree nodes `accepted` (root first); `n_committed` tokens are now committed."""
@@ -85,8 +93,8 @@ class TreeDrafter:
         self._tree: DraftTree | None = None
         self._base = 0  # committed length when the current tree was proposed
 
-    def _tree_for(self, config: TreeConfig) -> DraftTree:
-        capacity = config.budget + 1 + config.beams * config.branch
+    def _tree_for(self, config: TreeConfig, grow: Optional[Growth]) -> DraftTree:
+        capacity = config.budget + (config.growth if grow is not None else 0) + 1 + config.beams * config.branch
         if self._tree is None or self._tree.capacity != capacity:
             self._tree = DraftTree(capacity, self.runner.device)
         return self._tree
@@ -105,12 +113,16 @@ class TreeDrafter:
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], config: TreeConfig, temperature: float,
-                rival: Optional[torch.Tensor] = None, grammar: Optional[GrammarPaths] = None) -> DraftTree:
+                rival: Optional[torch.Tensor] = None, grammar: Optional[GrammarPaths] = None,
+                grow: Optional[Growth] = None) -> DraftTree:
         """Grow the tree. `rival` (r,): scores of other candidates for the same budget (a hybrid's suffix
         nodes): growth stops once no open node can beat the `budget`-th best of both (see `can_improve`).
         `grammar`: each expanded node's children are the draft's likeliest tokens among those the grammar allows
-        after its path (the draft's distribution renormalized over them)."""
-        runner, tree = self.runner, self._tree_for(config)
+        after its path (the draft's distribution renormalized over them). `grow`: asked each time the tree is done
+        at its current size; while it says True the size goes up by `config.beams` nodes, to at most `budget +
+        config.growth` (see `Growth`)."""
+        runner, tree = self.runner, self._tree_for(config, grow)
+        limit, most = config.budget, config.budget + (config.growth if grow is not None else 0)
         n_committed = len(tokens)
         if runner.length >= n_committed:  # the root's draft logits are needed: re-run it
             runner.cache.truncate(n_committed - 1)
@@ -118,15 +130,21 @@ class TreeDrafter:
         hidden = runner.extend(tokens[runner.length :])  # (hidden,) of the root: catch up on new tokens
         tree.reset(tokens[-1])
         tree.expanded[0] = True
+        # the tree keeps up to `most` candidates (the best `limit` are the tree; the rest are there if it may grow)
         self._add_children(tree, torch.zeros(1, dtype=torch.long, device=runner.device), hidden[None], config,
-                           temperature, grammar)
+                           temperature, grammar, most)
         self._base = n_committed
         next_slot = n_committed  # first free scratch slot
         root_pos = n_committed - 1
         while True:
             frontier = tree.frontier(config.beams, config.max_depth)  # (k,) best open nodes
-            if not tree.can_improve(config.budget, frontier, rival):
-                break
+            if limit < most and tree.n - 1 > limit:  # candidates past the limit are kept for growth, not expanded
+                frontier = frontier[tree.scores[frontier] >= tree.best_score(limit)]
+            if not tree.can_improve(limit, frontier, rival):
+                if limit >= most or not grow():
+                    break
+                limit = min(most, limit + config.beams)  # the weights are still loading: a bigger tree
+                continue
             k = int(frontier.numel())
             if next_slot + k > runner.capacity:
                 break  # out of scratch slots: the tree stays as it is (still valid)
@@ -140,11 +158,12 @@ class TreeDrafter:
             visible[:, :n_committed] = True
             visible[:, tree.slots[with_slot]] = tree.ancestors[frontier][:, with_slot]
             hidden = runner.forward(tree.tokens[frontier], root_pos + tree.depths[frontier], slots, visible)
-            self._add_children(tree, frontier, hidden, config, temperature, grammar)
+            self._add_children(tree, frontier, hidden, config, temperature, grammar, most)
+        tree.trim(limit)
         return tree
 
     def _add_children(self, tree: DraftTree, parents: torch.Tensor, hidden: torch.Tensor, config: TreeConfig,
-                      temperature: float, grammar: Optional[GrammarPaths]) -> None:
+                      temperature: float, grammar: Optional[GrammarPaths], keep: int) -> None:
         logits = self.runner.logits(hidden)  # (k, V) or (k, n) of a reduced head
         if grammar is not None:
             logits = self._allowed_only(logits, tree, parents, grammar)
@@ -153,7 +172,7 @@ class TreeDrafter:
             logp = logp.nan_to_num_(nan=float("-inf"))  # a row that allows nothing: no children
         top = torch.topk(logp, min(config.branch, logp.shape[-1]), dim=-1)  # (k, branch)
         tree.add_children(parents, self.runner.token_ids(top.indices), top.values)
-        tree.trim(config.budget)
+        tree.trim(keep)
 
     def _allowed_only(self, logits: torch.Tensor, tree: DraftTree, parents: torch.Tensor,
                       grammar: GrammarPaths) -> torch.Tensor:

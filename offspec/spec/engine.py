@@ -36,6 +36,20 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+class _Growth:
+    """The drafter's `grow` (offspec/spec/drafter.py): yes while the target's next streamed layer is still on its
+    way, before any layer of the pass has run. Counts the yeses."""
+
+    def __init__(self, target: ModelRunner):
+        self.target, self.granted = target, 0
+
+    def __call__(self) -> bool:
+        if self.target.weights_loading():  # no wait: a look at the streamer's state
+            self.granted += 1
+            return True
+        return False
+
+
 class SpeculativeEngine:
     def __init__(self, target: ModelRunner, drafter: Optional[EngineDrafter], max_context: int, max_budget: int):
         self.target = target
@@ -159,10 +173,13 @@ class SpeculativeEngine:
         if config.budget > room or config.confident_budget > room:  # near the context limit: a smaller tree
             config = replace(config, budget=max(min(config.budget, room), 1),
                              confident_budget=min(config.confident_budget, room))
+        if config.budget + config.growth > room:
+            config = replace(config, grow_nodes=room - config.budget)
+        grow = _Growth(target) if target.io is not None and config.growth > 0 else None  # a streamed target
 
         t0 = _clock(device)
         grammar = chooser.grammar.paths() if chooser.grammar is not None else None  # the output's grammar at the root
-        tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature, grammar=grammar)
+        tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature, grammar=grammar, grow=grow)
         t1 = _clock(device)
         io0 = target.io_counters()
 
@@ -192,5 +209,6 @@ class SpeculativeEngine:
         stats = PassStats(tree_size=n - 1, accepted=len(accepted), emitted=len(new_tokens), draft_seconds=t1 - t0,
                           target_seconds=t2 - t1, budget=config.budget, depth_counts=tuple(tree.depth_counts()),
                           tree=tree_view, io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0],
-                          drafter=self.drafter.kind, caught_up=self.drafter.caught_up)
+                          drafter=self.drafter.kind, caught_up=self.drafter.caught_up,
+                          grown_nodes=max(0, n - 1 - config.budget) if grow is not None and grow.granted else 0)
         return new_tokens, stats

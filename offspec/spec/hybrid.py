@@ -26,7 +26,7 @@ import torch
 from offspec.config import DRAFTERS, SuffixConfig, TreeConfig
 from offspec.errors import OffspecError
 
-from .drafter import TreeDrafter
+from .drafter import Growth, TreeDrafter
 from .grammar import GrammarPaths
 from .mapped_drafter import MappedDrafter
 from .suffix_drafter import SuffixDrafter
@@ -68,12 +68,13 @@ class HybridDrafter:
 
     # --- the Drafter interface -------------------------------------------------------------------
     def propose(self, tokens: list[int], config: TreeConfig, temperature: float,
-                grammar: Optional[GrammarPaths] = None) -> DraftTree:
+                grammar: Optional[GrammarPaths] = None, grow: Optional[Growth] = None) -> DraftTree:
+        """`grow` goes to the draft model (a suffix-only tree never grows: it costs nothing to make)."""
         mode = self.check_mode(config.drafter)
         self._source, self.caught_up = None, 0
         if mode == "model":
             self.kind, self._ran_model = "model", True
-            tree = self.model.propose(tokens, config, temperature, grammar=grammar)
+            tree = self.model.propose(tokens, config, temperature, grammar=grammar, grow=grow)
             self.caught_up = self.model.caught_up
             return tree
         if mode == "hybrid" and config.pass_cost is not None and config.model_expectation is not None:
@@ -89,10 +90,11 @@ class HybridDrafter:
                 self.kind, self._ran_model = "suffix", False
                 return suffix_tree
         rival = suffix_tree.scores[1 : suffix_tree.n]  # (r,) the suffix candidates' scores
-        model_tree = self.model.propose(tokens, config, temperature, rival=rival, grammar=grammar)
+        model_tree = self.model.propose(tokens, config, temperature, rival=rival, grammar=grammar, grow=grow)
         self.caught_up = self.model.caught_up
-        out = self._out_for(config.budget)
-        self._source = merge_trees(model_tree, suffix_tree, config.budget, out).tolist()  # sync: observe() reads it
+        budget = max(config.budget, model_tree.n - 1)  # more where the model's tree grew while the weights load
+        out = self._out_for(budget)
+        self._source = merge_trees(model_tree, suffix_tree, budget, out).tolist()  # sync: observe() reads it
         self.kind, self._ran_model = "hybrid", True
         return out
 

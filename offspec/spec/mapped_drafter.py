@@ -19,7 +19,7 @@ import torch
 
 from offspec.config import TreeConfig
 
-from .drafter import TreeDrafter
+from .drafter import Growth, TreeDrafter
 from .grammar import GrammarPaths
 from .runner import ModelRunner
 from .tree import DraftTree
@@ -77,26 +77,27 @@ class MappedDrafter:
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], config: TreeConfig, temperature: float,
-                rival: Optional[torch.Tensor] = None, grammar: Optional[GrammarPaths] = None) -> DraftTree:
+                rival: Optional[torch.Tensor] = None, grammar: Optional[GrammarPaths] = None,
+                grow: Optional[Growth] = None) -> DraftTree:
         """The draft's tree grown on its own tokens (`rival` as `TreeDrafter.propose` takes it), mapped to a tree of
         target tokens whose root is `tokens[-1]`. `grammar`: the mapped nodes the output's grammar forbids (and
         their descendants) are left out (the draft grows its own tree unconstrained: the grammar is over the
         target's tokens)."""
         view, kept = self._sync(tokens)
         self.runner.cache.truncate(kept)
-        out = self._out_for(config.budget)
+        out = self._out_for(config.budget + (config.growth if grow is not None else 0))
         out.reset(tokens[-1])
         self._last, self.caught_up = None, 0
         if not view:  # nothing the draft can start from yet (an incomplete character alone)
             return out
-        tree = self.inner.propose(view, config, temperature, rival=rival)
+        tree = self.inner.propose(view, config, temperature, rival=rival, grow=grow)
         self.caught_up = self.inner.caught_up
         n = tree.n
         draft_tokens = tree.tokens[:n].tolist()  # sync: the mapping runs on the host
         draft_parents = tree.parents[:n].tolist()
         pending = self.context.pending
         mapped = map_tree(self.mapping, draft_tokens, draft_parents, tree.scores[:n].tolist(), pending,
-                          config.budget, self.trailing)
+                          max(config.budget, tree.n - 1), self.trailing)
         if grammar is not None:
             mapped = _allowed(mapped, grammar)
         if mapped.tokens:

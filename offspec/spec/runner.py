@@ -79,7 +79,8 @@ class ModelRunner:
         # transformers >= 5.2x names the cache argument `cache` (warning on `past_key_values`); earlier 5.x do not
         self._cache_arg = "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
         self._min = torch.finfo(self.dtype).min
-        self.io = None  # an offloading streamer with `counters() -> (bytes streamed, seconds waited)`, if any
+        # an offloading streamer with `counters() -> (bytes streamed, seconds waited)` and `loading() -> bool`, if any
+        self.io = None
         # (tokens cached, tokens left to prefill) -> tokens in the next prefill pass; a streamed target takes the
         # largest chunk its activation reserve allows (offspec.offload.prefill), as each pass streams every layer
         self.prefill_chunk: Callable[[int, int], int] = lambda cached, remaining: min(remaining, PREFILL_CHUNK)
@@ -87,6 +88,10 @@ class ModelRunner:
     def io_counters(self) -> tuple[int, float]:
         """Cumulative (weight bytes streamed, seconds spent waiting for weights); zeros when nothing streams."""
         return self.io.counters() if self.io is not None else (0, 0.0)
+
+    def weights_loading(self) -> bool:
+        """Whether the next pass's first streamed layer is still being read (False when nothing streams)."""
+        return self.io is not None and self.io.loading()
 
     @property
     def length(self) -> int:

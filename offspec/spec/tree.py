@@ -134,6 +134,10 @@ class DraftTree:
         top = torch.topk(scores, k)
         return top.indices[torch.isfinite(top.values)]  # sync on the boolean index
 
+    def best_score(self, rank: int) -> torch.Tensor:
+        """() the `rank`-th best score of the nodes past the root (rank <= n - 1)."""
+        return torch.topk(self.scores[1 : self.n], rank).values[-1]
+
     def can_improve(self, budget: int, frontier: torch.Tensor, rival: Optional[torch.Tensor] = None) -> bool:
         """Whether expanding `frontier` could still change the top-`budget` set.
 

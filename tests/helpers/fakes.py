@@ -32,6 +32,7 @@ class BigramRunner:
         self.forward_calls: list[dict] = []  # what each forward received, for assertions
         self.logits_rows: list[list[int]] = []  # the "hidden states" (token ids) of each logits call
         self.head_is_row_invariant = True  # a table lookup: the same row whatever the batch
+        self.io = None  # nothing streams unless a test scripts it (`loading()`, `counters()`)
 
     @property
     def vocab_size(self) -> int:
@@ -39,7 +40,10 @@ class BigramRunner:
         return self.vocab
 
     def io_counters(self) -> tuple[int, float]:
-        return 0, 0.0  # nothing streams
+        return self.io.counters() if self.io is not None else (0, 0.0)
+
+    def weights_loading(self) -> bool:
+        return self.io is not None and self.io.loading()
 
     @property
     def length(self) -> int:
