@@ -241,6 +241,11 @@ def test_speed_line_splits_weight_waiting_from_compute():
     line = speed_line(meter, INFO, None)
     assert "4.00 tok/pass" in line and "budget 64 (profile)" in line
     assert "target 200 ms/pass: 150 ms weights + 50 ms compute" in line and "20.00 GB/s" in line
+    assert "while loading" not in line  # no pass grew its tree
+    grown = FakePassStats(tree_size=26, accepted=3, emitted=4, draft_seconds=0.01, target_seconds=0.2, budget=16,
+                          io_wait_seconds=0.15, bytes_streamed=3_000_000_000, grown_nodes=10)
+    meter.add(4, (grown,))
+    assert "+3 nodes/pass while loading" in speed_line(meter, INFO, None)  # 10 nodes over 3 passes
     plain = PassStats(tree_size=1, accepted=1, emitted=2, draft_seconds=0, target_seconds=0.1, budget=4)
     meter2 = ReplyMeter()
     meter2.add(2, (plain,))

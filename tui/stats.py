@@ -34,6 +34,7 @@ class ReplyMeter:
     io_wait_seconds: float = 0.0
     io_known: bool = False  # the target streams weights: a pass reported io wait or streamed bytes
     bytes_streamed: int = 0
+    grown_nodes: int = 0  # tree nodes drafted while the passes' first streamed layers loaded
     last_budget: Optional[int] = None
     seconds: Optional[float] = None  # the engine's wall time, once finished
     prefill_seconds: Optional[float] = None  # the prompt's part of it, once finished
@@ -52,13 +53,14 @@ class ReplyMeter:
                 self.io_known = True
             self.io_wait_seconds += wait or 0.0
             self.bytes_streamed += streamed
+            self.grown_nodes += int(getattr(stats, "grown_nodes", 0) or 0)
 
     def finish(self, result: GenerationResult) -> None:
         """Replace the running counts with the engine's totals."""
         self.tokens = len(result.token_ids)
         self.passes = 0
         self.target_seconds = self.draft_seconds = self.io_wait_seconds = 0.0
-        self.io_known, self.bytes_streamed = False, 0
+        self.io_known, self.bytes_streamed, self.grown_nodes = False, 0, 0
         self.add(0, tuple(result.passes))
         self.seconds = result.seconds
         self.prefill_seconds = result.prefill_seconds if result.prefill_tokens else None  # all cached: no wait
@@ -91,6 +93,7 @@ class ReplyMeter:
             "tokens_per_pass": round(self.tokens_per_pass, 3),
             "budget": self.last_budget,
             "io_wait_seconds": round(self.io_wait_seconds, 4) if self.io_known else None,
+            "grown_nodes": self.grown_nodes,
             "prefill_seconds": round(self.prefill_seconds, 4) if self.prefill_seconds is not None else None,
         }
 
@@ -129,6 +132,8 @@ def speed_line(meter: Optional[ReplyMeter], info: ModelInfo, fixed_budget: Optio
             parts.append(f"target {_ms(per_pass)}/pass: {_ms(wait)} weights + {_ms(max(per_pass - wait, 0.0))} compute")
             if meter.io_wait_seconds > 0 and meter.bytes_streamed:
                 parts.append(f"{meter.bytes_streamed / meter.io_wait_seconds / 1e9:.2f} GB/s")
+            if meter.grown_nodes:  # drafted while the weights loaded (TreeConfig.grow_nodes)
+                parts.append(f"+{meter.grown_nodes / meter.passes:.0f} nodes/pass while loading")
         else:
             parts.append(f"target {_ms(per_pass)}/pass")
     parts.append(f"{meter.tokens} tok")
