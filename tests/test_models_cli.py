@@ -258,3 +258,21 @@ def test_find_is_exact(cache):
     rows = list_cache(cache.root)
     with pytest.raises(OffspecError, match="no cached model named"):
         catalog.find(rows, cache.names["qwen-b"].upper())
+
+
+def test_self_draft_copies_are_listed_with_their_type_and_removed_marker_first(cache, capsys):
+    from offspec.models.self_draft import copy_path, self_copy
+
+    target = save_tiny_gguf(cache.root.parent / "target.gguf", "qwen2", seed=0, layers=1)
+    copy = self_copy(target, "Q2_K", root=cache.root)
+    assert copy == copy_path(target, "Q2_K", cache.root)
+    row = next(r for r in list_cache(cache.root) if r.kind == "self")
+    assert (row.name, row.weight_types, row.size, row.status) == (copy.name, ("Q2_K",), copy.stat().st_size, "ok")
+    code, out, _ = run(capsys)
+    assert code == 0 and any(line.startswith(copy.name) and "--draft self" in line for line in out.splitlines())
+    (copy.with_name(copy.name + ".built")).write_text("{}")  # a marker that no longer names the file
+    assert next(r for r in list_cache(cache.root) if r.kind == "self").status.startswith("incomplete")
+    code, out, _ = run(capsys, "rm", copy.name)
+    assert code == 0 and out.startswith(f"removed {copy.name}")
+    assert not copy.exists() and not copy.with_name(copy.name + ".built").exists()
+    assert all(r.kind != "self" for r in list_cache(cache.root))

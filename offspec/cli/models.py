@@ -45,7 +45,7 @@ def _table(rows: list[CachedModel], root: Path) -> str:
     lines = [header]
     for row in rows:
         notes = [f"default {row.default_role}"] if row.default_role else []
-        if row.kind == "packed":
+        if row.kind in ("packed", "self"):
             notes.append(row.source)
         if row.status != "ok":
             notes.append(row.status)

@@ -11,6 +11,9 @@ Three kinds of rows, each named by its directory or key (the name `remove` takes
   entry's key). Any other GGUF there (a default of an earlier version) is a row named by its file name.
 * `packed`: `<cache_dir>/offload/<set>/`, the per-layer files a float checkpoint was packed (or quantized) into for
   streaming (offspec/offload/model.py); made again when it is needed.
+* `self`: `<cache_dir>/self/<name>.gguf`, a target's low-bit copy that `--draft self` drafts with
+  (offspec/models/self_draft.py), named by its file; made again when it is needed. Its converted entry is a row of
+  its own (`converted`, its source the copy).
 
 Names starting with "." (temps of a build, of a download or of a removal in progress) are not listed.
 
@@ -45,7 +48,7 @@ class CachedModel:
     """One row of the cache listing."""
 
     name: str  # what `offspec models rm` takes: the entry's directory name (a default member: its key)
-    kind: str  # "converted" | "gguf" | "packed"
+    kind: str  # "converted" | "gguf" | "packed" | "self"
     path: str  # the entry directory (converted, packed) or the GGUF file (gguf)
     size: int  # bytes on disk of `path`
     family: str = ""  # config.json model_type ("qwen2", "llama", ...); "" when unknown
@@ -129,9 +132,18 @@ def _packed(directory: Path) -> CachedModel:
         status="ok" if manifest is not None else "incomplete (no manifest)")
 
 
+def _self_copy(copy: Path) -> CachedModel:
+    from .self_draft import is_built
+
+    type_name = copy.stem.split("-")[-2].upper()  # <stem>-<path hash>-<target hash>-<type>-v<FORMAT>
+    return CachedModel(name=copy.name, kind="self", path=str(copy), size=_tree_size(copy), weight_types=(type_name,),
+                       source="a target's copy for --draft self",
+                       status="ok" if is_built(copy) else "incomplete (rebuilt when next used)")
+
+
 def list_cache(root: Optional[Path] = None) -> list[CachedModel]:
     """Every model in the cache (`root`, default `cache_dir()`): converted entries, GGUFs without one, packed
-    sets, each kind by name."""
+    sets, self-draft copies, each kind by name."""
     root = root if root is not None else cache_dir()
     defaults = _defaults(root)
     rows: list[CachedModel] = []
@@ -160,6 +172,10 @@ def list_cache(root: Optional[Path] = None) -> list[CachedModel]:
     for directory in sorted(offload.iterdir()) if offload.is_dir() else []:
         if not directory.name.startswith(".") and directory.is_dir():
             rows.append(_packed(directory))
+    copies = root / "self"
+    for copy in sorted(copies.glob("*.gguf")) if copies.is_dir() else []:
+        if not copy.name.startswith(".") and copy.is_file():
+            rows.append(_self_copy(copy))
     return rows
 
 
@@ -215,6 +231,12 @@ def remove(row: CachedModel, *, with_gguf: bool = False) -> int:
     try:
         if row.kind in ("converted", "packed"):
             _remove_tree(Path(row.path))
+            freed += row.size
+        if row.kind == "self":  # the marker first: a copy without it is never taken as complete
+            from .self_draft import marker_path
+
+            _remove_file(marker_path(Path(row.path)))
+            _remove_file(Path(row.path))
             freed += row.size
         if with_gguf and row.gguf:
             gguf = Path(row.gguf)

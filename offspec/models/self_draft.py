@@ -22,6 +22,8 @@ import json
 import os
 import re
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -68,14 +70,16 @@ def copy_path(target_gguf: Path, type_name: str, root: Optional[Path] = None) ->
     return base / f"{slug}-{where}-{ident}-{type_name.lower()}-v{FORMAT_VERSION}.gguf"
 
 
-def _marker(copy: Path) -> Path:
+def marker_path(copy: Path) -> Path:
+    """The `.built` marker beside `copy` (see the module doc)."""
     return copy.with_name(copy.name + ".built")
 
 
-def _is_built(copy: Path) -> bool:
+def is_built(copy: Path) -> bool:
+    """Whether `copy` is complete: its marker names its size and mtime."""
     try:
         st = copy.stat()
-        marker = json.loads(_marker(copy).read_text())
+        marker = json.loads(marker_path(copy).read_text())
     except (OSError, ValueError):
         return False
     return marker == {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -158,7 +162,7 @@ def _remove_older(copy: Path) -> None:
     prefix = "-".join(parts[:-3])  # <stem>-<path hash>
     for other in copy.parent.glob(f"{prefix}-*-{parts[-2]}-v*.gguf"):
         if other != copy and other.name.count("-") == copy.name.count("-"):
-            _marker(other).unlink(missing_ok=True)
+            marker_path(other).unlink(missing_ok=True)
             other.unlink(missing_ok=True)
 
 
@@ -174,10 +178,22 @@ def _write(reader, tmp: Path, type_name: str, plans: list[_Plan], progress: Prog
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for i, (tensor, p) in enumerate(zip(reader.tensors, plans)):
-            progress(ProgressEvent(STEP, message, i, len(plans)))
-            data = _requantized(tensor, type_name) if p.requantize else tensor.data
-            writer.write_tensor_data(data)
+        # the encoder is numpy over whole tensors (it lets go of the GIL): one tensor per core at a time, written
+        # in order, at most one more than the workers held at once
+        workers = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="offspec-self-draft")
+        try:
+            pending: deque = deque()
+            work = iter(zip(reader.tensors, plans))
+            for i in range(len(plans)):
+                while len(pending) <= workers and (job := next(work, None)) is not None:
+                    tensor, p = job
+                    pending.append(pool.submit(_requantized, tensor, type_name) if p.requantize else tensor.data)
+                progress(ProgressEvent(STEP, message, i, len(plans)))
+                head = pending.popleft()
+                writer.write_tensor_data(head.result() if isinstance(head, Future) else head)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: the tensors under way are dropped
         out = writer.fout[0]
         out.flush()
         os.fsync(out.fileno())
@@ -196,7 +212,7 @@ def self_copy(target_gguf: Path, type_name: str = DEFAULT_TYPE, progress: Progre
                            f"not {type_name!r}")
     target_gguf = Path(target_gguf).resolve()
     copy = copy_path(target_gguf, type_name, root)
-    if _is_built(copy):
+    if is_built(copy):
         line = f"self draft: {type_name} copy of {target_gguf.stem}, {_mb(copy.stat().st_size)}, cached"
         progress(ProgressEvent(STEP, line, 1, 1, finished=True))
         return copy
@@ -223,7 +239,7 @@ def self_copy(target_gguf: Path, type_name: str = DEFAULT_TYPE, progress: Progre
         tmp.unlink(missing_ok=True)
         raise
     st = copy.stat()
-    atomic_write(_marker(copy), json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns}), fsync=False)
+    atomic_write(marker_path(copy), json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns}), fsync=False)
     _remove_older(copy)
     kept = sum(1 for p in plans if not p.requantize and _BLOCK_WEIGHT.match(p.name) and len(p.shape) == 2)
     also = f" ({kept} block weights kept at their own type)" if kept else ""
