@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import re
-import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -216,7 +215,6 @@ def self_copy(target_gguf: Path, type_name: str = DEFAULT_TYPE, progress: Progre
         line = f"self draft: {type_name} copy of {target_gguf.stem}, {_mb(copy.stat().st_size)}, cached"
         progress(ProgressEvent(STEP, line, 1, 1, finished=True))
         return copy
-    start = time.monotonic()
     copy.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(copy.parent)  # the temps of builds killed outright
     try:
@@ -243,8 +241,7 @@ def self_copy(target_gguf: Path, type_name: str = DEFAULT_TYPE, progress: Progre
     _remove_older(copy)
     kept = sum(1 for p in plans if not p.requantize and _BLOCK_WEIGHT.match(p.name) and len(p.shape) == 2)
     also = f" ({kept} block weights kept at their own type)" if kept else ""
-    line = (f"self draft: {type_name} copy of {target_gguf.stem}, {_mb(st.st_size)}, built in "
-            f"{time.monotonic() - start:.0f} s{also}")
+    line = f"self draft: {type_name} copy of {target_gguf.stem}, {_mb(st.st_size)}, built{also}"  # the time: the renderer's
     progress(ProgressEvent(STEP, line, len(plans), len(plans), finished=True))
     return copy
 
