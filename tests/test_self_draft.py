@@ -149,6 +149,51 @@ def test_greedy_with_draft_self_is_the_targets_own_output(cache, target):
     assert accepted > 0  # the copy agrees with its target often enough to be accepted
 
 
+def _minimal_device_mem(target, draft, **options) -> str:
+    """The smallest --device-mem the pair loads under (the loader says it when given too little): the target streams."""
+    import re
+
+    with pytest.raises(OffspecError) as info:
+        offspec.load(None if target is None else str(target), draft, device_mem="1KB", **options)
+    return re.search(r"--device-mem (\S+)", str(info.value))[1]
+
+
+@pytest.mark.parametrize("placement", ["resident", pytest.param("streamed", marks=pytest.mark.slow)])
+def test_self_is_the_targets_greedy_output_at_budgets_16_and_256(cache, tmp_path, placement):
+    target = save_tiny_gguf(tmp_path / "deep.gguf", "qwen2", seed=0, hidden=256, inter=512, layers=6)
+    options = dict(max_context=512, max_budget=256)
+    if placement == "streamed":
+        options.update(device_mem=_minimal_device_mem(target, "self", **options), offload_dir=str(tmp_path / "off"))
+    gen = offspec.load(str(target), "self", **options)
+    streamed = gen.info.extra["placement"]["layers"]["ssd"]
+    assert (streamed >= 1) == (placement == "streamed")
+    alone = offspec.load(str(target), "none", max_context=512, max_budget=64).generate(
+        PROMPT, max_new_tokens=40, speculate=False)
+    for nodes in (16, 256):
+        result = gen.generate(PROMPT, max_new_tokens=40, budget=nodes, drafter="model")
+        assert result.token_ids == alone.token_ids, (placement, nodes)
+        assert max(p.tree_size for p in result.passes) >= min(nodes, 2)
+
+
+@pytest.mark.integration
+def test_self_on_the_real_target_is_its_greedy_output_resident_and_streamed(tmp_path):
+    """The default target's own Q3_K copy (built once into the cache: minutes) as its draft."""
+    prompt = "Write a Python function that checks whether a number is prime."
+    options = dict(max_context=512, max_budget=256)
+    alone = offspec.load(draft="none", **options).generate(prompt, max_new_tokens=16, speculate=False)
+    resident = offspec.load(draft="self", **options)
+    for nodes in (16, 256):
+        assert resident.generate(prompt, max_new_tokens=16, budget=nodes, drafter="model").token_ids == alone.token_ids
+    del resident
+    budget = _minimal_device_mem(None, "self", **options)
+    streamed = offspec.load(draft="self", device_mem=budget, offload_dir=str(tmp_path), **options)
+    assert streamed.info.extra["placement"]["layers"]["ssd"] >= 1
+    for nodes in (16, 256):
+        out = streamed.generate(prompt, max_new_tokens=16, budget=nodes, drafter="model")
+        assert out.token_ids == alone.token_ids, nodes
+        assert out.tokens_per_pass > 1.0
+
+
 def test_a_target_that_is_not_a_gguf_or_self_as_a_target_is_one_line(cache, tmp_path):
     hf_dir = save_tiny_model(tmp_path / "hf", arch="qwen2")
     with pytest.raises(OffspecError, match="--draft self needs a GGUF target for now") as info:
