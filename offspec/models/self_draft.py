@@ -241,7 +241,8 @@ def self_copy(target_gguf: Path, type_name: str = DEFAULT_TYPE, progress: Progre
     _remove_older(copy)
     kept = sum(1 for p in plans if not p.requantize and _BLOCK_WEIGHT.match(p.name) and len(p.shape) == 2)
     also = f" ({kept} block weights kept at their own type)" if kept else ""
-    line = f"self draft: {type_name} copy of {target_gguf.stem}, {_mb(st.st_size)}, built{also}"  # the time: the renderer's
+    # the progress renderer adds the time it took
+    line = f"self draft: {type_name} copy of {target_gguf.stem}, {_mb(st.st_size)}, built{also}"
     progress(ProgressEvent(STEP, line, len(plans), len(plans), finished=True))
     return copy
 

@@ -279,7 +279,7 @@ class AdaptiveBudget:
             # line through its 8- and 64-node steps), it would be taken for a slower draft
             grown = stats.grown_nodes > 0  # it drafted on while the weights loaded: its time is the reads', not its own
             if draft > 0 and (drafter != "suffix" or best.drafter == "suffix") and not beyond and not grown:
-                self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))  # the model's time, where it ran
+                self.draft_ratios.append((self.timed_passes, stats.draft_seconds / draft))  # the model's own time
             if self.guard is not None:
                 expected = 1.0 + self._expected_accepted(stats.budget + stats.grown_nodes, curve=self.curve_in_force(),
                                                          scale=self._plan_scale())
