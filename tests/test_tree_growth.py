@@ -144,3 +144,12 @@ def test_a_streamed_target_with_held_reads_grows_its_trees_and_keeps_the_target_
     assert len(out.passes) >= 2 and all(p.budget == 8 for p in out.passes)
     assert all(p.grown_nodes in (3 * beams, 4 * beams) for p in out.passes), str([p.grown_nodes for p in out.passes])
     assert all(p.tree_size == p.budget + p.grown_nodes for p in out.passes)
+
+
+def test_budget_auto_keeps_the_users_grow_nodes(tiny_dirs):
+    import offspec
+
+    target, draft = tiny_dirs[("llama", 0)]
+    gen = offspec.load(str(target), str(draft), grow_nodes=5, max_context=256, max_budget=64)  # budget auto
+    assert gen.policy is not None and gen.tree is gen.policy.base_tree
+    assert gen.tree.grow_nodes == 5 and all(p.base_tree.grow_nodes == 5 for p in gen.policies.values())

@@ -206,6 +206,8 @@ def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[Progre
         policies[mode] = AdaptiveBudget(costs, curves[mode], planner, extra=generator.info.extra,
                                         key="budget_adaptive" if mode == default else f"budget_adaptive_{mode}",
                                         gate_suffix=mode != "model")  # suffix candidates per pass, where they pay
+        # the user's growth while loading (--grow-nodes) stays; the plan sets the budget and the tree's shape
+        policies[mode].base_tree = replace(policies[mode].base_tree, grow_nodes=generator.tree.grow_nodes)
     policy = policies[default]
     generator.tree = policy.base_tree  # a caller that assigns another tree (e.g. bench) gets exactly that tree
     generator.policy, generator.policies = policy, policies

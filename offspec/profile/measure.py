@@ -174,7 +174,7 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
     # confident_budget 0: every pass proposes at most `big` nodes, so the top-B argument holds (the larger trees of
     # confident suffix passes are left out of the curve: a conservative estimate for the planner)
     config = TreeConfig(budget=big, max_beams=0, branch=generator.tree.branch, max_depth=CALIBRATION_DEPTH,
-                        drafter=drafter, confident_budget=0)
+                        drafter=drafter, confident_budget=0, grow_nodes=0)  # no growth: trees of `big` nodes at most
     recorder = _Recorder(engine.drafter)
     chooser = TokenChooser(SamplingConfig(), engine.target.device)
     samples, depth_rows, ratios, seconds, model_ran = [], [], [], [], []
