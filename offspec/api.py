@@ -220,6 +220,8 @@ def _build_generator(plan: LoadPlan, loaded: _Loaded, progress: ProgressFn) -> G
     target_runner = ModelRunner(t.model, capacity=max_context + budget_room, exact=True)
     # the draft also needs scratch slots for every node it expands while growing a tree
     draft_runner = ModelRunner(d.model, capacity=max_context + 2 * budget_room + 64) if d is not None else None
+    if draft_runner is not None and d.borrows_kv:  # a draft made from the target reads the target's own KV cache
+        draft_runner.borrow_cache(target_runner)
     if t.offload is not None and t.offload.io is not None:
         target_runner.io = t.offload.io  # offloading: bytes streamed and io wait per pass (PassStats)
     if draft_runner is not None and fitted is not None and fitted.prefill_tokens < PREFILL_CHUNK:

@@ -185,3 +185,4 @@ class LoadedModel:
     model: Any  # transformers.PreTrainedModel
     tokenizer: Any  # transformers tokenizer
     offload: Any = None  # offloading (offspec.offload.OffloadHandle): placement and layer streamer of a target
+    borrows_kv: bool = False  # a draft made from the target (`--draft self`): it reads the target's KV cache

@@ -86,6 +86,29 @@ def test_cpu_placement_charges_slots_and_staging_to_the_device_budget():
     assert (p.count("device"), p.count("ram"), p.count("ssd")) == (0, 8, 0)
 
 
+def test_a_self_draft_runs_the_resident_layers_as_the_targets_and_the_placement_counts_their_copies_gone():
+    # 16 layers of 100 KB; the draft's copy of each is 50 KB (800 KB of copies + 20 B of its own)
+    sizes = replace(_sizes(n=16, layer=100_000, extra=800_020), shared_bytes=(50_000,) * 16)
+    base = 100 + 800_020  # the target's other parts, KV cache and activations; the whole draft
+    slots = 4 * page_round(_file_bytes(100_000))  # 2 ring + 2 staging slots
+    # room for 2 resident layers at their whole bytes is room for 4 at 50 KB each (the copy goes where one is)
+    p = plan_placement(sizes, CPU, OffloadConfig(device_mem=base + slots + 200_000, ram_mem=0))
+    assert p.count("device") == 4 and p.shared_layers == tuple(spread(16, 4)) and p.shared_bytes == 200_000
+    assert p.device_bytes <= p.device_budget and sum(p.device_breakdown().values()) == p.device_bytes
+    assert p.device_breakdown()["draft (its copies of 4 layers: the target's)"] == 600_020
+    assert p.summary()["shared_layers"] == 4 and "4/16 layers on cpu" in p.describe()
+    # the target and the whole copy fit: the copy drafts (cheaper than the target's layers), nothing is shared
+    whole = plan_placement(sizes, CPU, OffloadConfig(device_mem=base + 1_600_000, ram_mem=0))
+    assert not whole.streams and whole.shared_layers == () and whole.device_breakdown()["draft"] == 800_020
+    # the target fits whole only with the draft running its layers: every layer is the target's
+    shared = plan_placement(sizes, CPU, OffloadConfig(device_mem=base + 800_000, ram_mem=0))
+    assert not shared.streams and shared.shared_layers == tuple(range(16)) and shared.device_bytes == base + 800_000
+    # another draft: resident layers cost their whole bytes, as before
+    other = plan_placement(_sizes(n=16, layer=100_000, extra=800_020),
+                           CPU, OffloadConfig(device_mem=base + slots + 200_000, ram_mem=0))
+    assert other.count("device") == 2 and other.shared_layers == ()
+
+
 @pytest.mark.parametrize("device,cfg,flag", [
     (CUDA, OffloadConfig(device_mem=250, ram_mem=10**6), "--device-mem"),  # resident 100 + ring 200 > 250
     (CPU, OffloadConfig(device_mem=350, ram_mem=0), "--device-mem"),  # no room for the SSD staging buffers

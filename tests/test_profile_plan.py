@@ -73,3 +73,29 @@ def test_projection_model_pieces():
     big = project(hw, 70e9, "none", 1e9, acceptance, source, ram_bytes=64e9)  # 140 GB: RAM full, SSD too
     assert big.placement["ssd_bytes"] > 0
     assert big.plan.best.tokens_per_second < small.plan.best.tokens_per_second
+
+
+def test_plan_with_a_self_draft_counts_the_copy_and_says_when_it_cannot_fit(capsys):
+    # a 70B Q4_K_M on a 24 GB card: its Q2_K copy alone (23 GB) leaves no room: one line, which says why
+    assert plan_main(["--hardware", "rtx4090", "--target-params", "70B", "--quant", "q4_k_m",
+                      "--draft-params", "self:Q2_K"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Q2_K copy of the target (the self draft) (23.0 GB)" in err
+    # a 34B streams: its resident layers are the draft's own, and the draft holds its copies of the streamed ones
+    assert plan_main(["--hardware", "rtx4060ti-16gb", "--target-params", "34B", "--quant", "q4_k_m",
+                      "--draft-params", "self:Q2_K", "--json"]) == 0
+    self_plan = json.loads(capsys.readouterr().out)
+    placed = self_plan["placement"]
+    copy, target = 34e9 * 84 / 256, placed["target_bytes"]
+    assert placed["ram_bytes"] > 0 and placed["ram_bytes"] + placed["device_bytes"] == pytest.approx(target)
+    assert placed["draft_bytes"] == pytest.approx(copy * placed["ram_bytes"] / target)  # the streamed ones' copies
+    assert any("own Q2_K copy of the others" in line for line in self_plan["assumptions"])
+    assert any("acceptance_prior_self" in line or "(self Q3_K)" in line for line in self_plan["assumptions"])
+    assert plan_main(["--hardware", "rtx4060ti-16gb", "--target-params", "34B", "--quant", "q4_k_m", "--json"]) == 0
+    model_plan = json.loads(capsys.readouterr().out)
+    assert self_plan["placement"]["device_bytes"] < model_plan["placement"]["device_bytes"]  # the copies' room
+    # on a 24 GB card the 34B fits whole only with the draft running its layers: the draft is the target itself
+    assert plan_main(["--hardware", "rtx4090", "--target-params", "34B", "--quant", "q4_k_m",
+                      "--draft-params", "self:Q2_K", "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)["placement"]
+    assert whole["ram_bytes"] == 0 and whole["draft_bytes"] == 0

@@ -199,17 +199,17 @@ def test_acceptance_files_load(tmp_path):
     assert "acceptance" not in ref
     with pytest.raises(OffspecError, match="field acceptance is missing"):
         store.load_acceptance(ROOT / "profiles" / "rtx4090.json")
-    prior = json.loads((ROOT / "offspec" / "data" / "acceptance_prior.json").read_text())
-    validate(prior, "prior", AcceptanceFile)
+    for name in ("acceptance_prior.json", "acceptance_prior_self.json"):  # the default pair's; the self draft's
+        validate(json.loads((ROOT / "offspec" / "data" / name).read_text()), name, AcceptanceFile)
 
 
 def test_the_prior_curves_reach_one_largest_budget():
     # acceptance never extrapolates upward: a drafter whose prior stops early could never be planned past it
     # (the hybrid's stopped at 16 against the model's 32, so an unprofiled streamed hybrid ran smaller trees)
-    prior = json.loads((ROOT / "offspec" / "data" / "acceptance_prior.json").read_text())
-    curves = store.acceptance_curves(prior, "prior")
-    assert set(curves) == {"model", "suffix", "hybrid"}
-    assert len({max(c.budgets) for c in curves.values()}) == 1
+    for name in ("acceptance_prior.json", "acceptance_prior_self.json"):
+        curves = store.acceptance_curves(json.loads((ROOT / "offspec" / "data" / name).read_text()), name)
+        assert set(curves) == {"model", "suffix", "hybrid"}
+        assert len({max(c.budgets) for c in curves.values()}) == 1
 
 
 def test_cpu_thread_count_is_part_of_the_hardware_key(monkeypatch):

@@ -8,6 +8,7 @@ import os
 import gguf
 import numpy as np
 import pytest
+import torch
 from helpers.tiny import save_tiny_model
 from helpers.tiny_gguf import save_tiny_gguf
 
@@ -16,6 +17,7 @@ from offspec import OffspecError
 from offspec.formats import kquant
 from offspec.models import self_draft
 from offspec.models.self_draft import copy_path, self_copy, self_draft_type
+from offspec.util.sizes import parse_size
 
 LOAD = dict(max_context=256, max_budget=64)
 PROMPT = [5, 9, 33, 70, 71, 72, 100, 3, 44, 120, 7, 18, 64, 90]
@@ -158,21 +160,80 @@ def _minimal_device_mem(target, draft, **options) -> str:
     return re.search(r"--device-mem (\S+)", str(info.value))[1]
 
 
+def _deep_target(tmp_path):
+    # 16 layers: streaming pays for its 4 slots of a layer each only where the layers' bytes less their copies'
+    # exceed them (a tiny model's budget is mostly the runtime's)
+    return save_tiny_gguf(tmp_path / "deep.gguf", "qwen2", seed=0, hidden=256, inter=512, layers=16)
+
+
+def _streaming_budgets(target, options: dict) -> dict[int, int]:
+    """{resident layers: a --device-mem that places that many with the rest streamed} for a self draft of `target`,
+    as the placement (a pure function of the sizes a load reports) gives them near the smallest budget. The
+    process's measured memory must be held fixed (`fixed_runtime`) for a later load to place the same."""
+    import dataclasses
+
+    from offspec.offload.config import CPU_HEADROOM, OffloadConfig
+    from offspec.offload.placement import ModelSizes, plan_placement
+
+    minimal = parse_size(_minimal_device_mem(target, "self", **options))
+    placed = offspec.load(str(target), "self", device_mem=str(minimal), **options).info.extra["placement"]
+    sizes = ModelSizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in placed["sizes"].items()})
+    found = {}
+    for budget in range(minimal - 8 * 2**20, minimal + 8 * 2**20, 40_000):
+        try:
+            p = plan_placement(dataclasses.replace(sizes, headroom_bytes=int(budget * CPU_HEADROOM)),
+                               torch.device("cpu"), OffloadConfig(device_mem=budget, ram_mem=0))
+        except OffspecError:
+            continue
+        if p.streams:
+            found.setdefault(p.count("device"), budget)
+    return found
+
+
+@pytest.fixture
+def fixed_runtime(monkeypatch):
+    """The process's measured memory held fixed, so that every load's budget arithmetic is the same."""
+    monkeypatch.setattr("offspec.offload.model.measured_runtime", lambda: 300 * 2**20)
+
+
 @pytest.mark.parametrize("placement", ["resident", pytest.param("streamed", marks=pytest.mark.slow)])
-def test_self_is_the_targets_greedy_output_at_budgets_16_and_256(cache, tmp_path, placement):
-    target = save_tiny_gguf(tmp_path / "deep.gguf", "qwen2", seed=0, hidden=256, inter=512, layers=6)
+def test_self_is_the_targets_greedy_output_at_budgets_16_and_256(cache, tmp_path, placement, fixed_runtime):
+    target = _deep_target(tmp_path)
     options = dict(max_context=512, max_budget=256)
-    if placement == "streamed":
-        options.update(device_mem=_minimal_device_mem(target, "self", **options), offload_dir=str(tmp_path / "off"))
+    if placement == "streamed":  # every layer streamed: the draft is its copies alone
+        options["offload_dir"] = str(tmp_path / "off")
+        options["device_mem"] = str(_streaming_budgets(target, options)[0])
     gen = offspec.load(str(target), "self", **options)
-    streamed = gen.info.extra["placement"]["layers"]["ssd"]
-    assert (streamed >= 1) == (placement == "streamed")
+    placed = gen.info.extra["placement"]
+    assert (placed["layers"]["ssd"] == 16) == (placement == "streamed") and placed["shared_layers"] == 0
     alone = offspec.load(str(target), "none", max_context=512, max_budget=64).generate(
         PROMPT, max_new_tokens=40, speculate=False)
     for nodes in (16, 256):
         result = gen.generate(PROMPT, max_new_tokens=40, budget=nodes, drafter="model")
         assert result.token_ids == alone.token_ids, (placement, nodes)
         assert max(p.tree_size for p in result.passes) >= min(nodes, 2)
+
+
+@pytest.mark.slow
+def test_a_streamed_target_lends_its_resident_layers_to_the_self_draft(cache, tmp_path, fixed_runtime):
+    target = _deep_target(tmp_path)
+    options = dict(max_context=512, max_budget=256, offload_dir=str(tmp_path / "off"))
+    alone = offspec.load(str(target), "none", max_context=512, max_budget=64).generate(
+        PROMPT, max_new_tokens=40, speculate=False)
+    some = {count: budget for count, budget in _streaming_budgets(target, options).items() if count}
+    assert len(some) >= 2, some
+    for count, budget in sorted(some.items())[:2]:
+        gen = offspec.load(str(target), "self", device_mem=str(budget), **options)
+        placed = gen.info.extra["placement"]
+        resident = [i for i, t in enumerate(placed["tiers"]) if t == "device"]
+        drafts = gen.engine.drafter.model.runner.model.get_decoder().layers
+        targets = gen.engine.target.model.get_decoder().layers
+        assert len(resident) == count and placed["layers"]["ssd"] == 16 - count
+        assert [i for i in range(16) if drafts[i] is targets[i]] == resident  # the target's own modules
+        assert placed["shared_layers"] == count and placed["device_bytes"] <= budget
+        for nodes in (16, 256):
+            result = gen.generate(PROMPT, max_new_tokens=40, budget=nodes, drafter="model")
+            assert result.token_ids == alone.token_ids, (resident, nodes)
 
 
 @pytest.mark.integration

@@ -19,6 +19,7 @@ from typing import Optional
 import offspec
 from offspec.api import check_options
 from offspec.errors import OffspecError, run_cli
+from offspec.models.self_draft import self_draft_type
 from offspec.profile import builder, measure, report
 from offspec.profile.auto import prior_acceptance
 from offspec.profile.projection import Assumptions, parse_bytes, parse_params, project
@@ -108,9 +109,11 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", choices=["none", "int8", "int4", "q4_k_m", "nf4"], default="none",
                    help="the target's weights as streamed: none (16-bit, the default), int8 (ggml Q8_0), int4 "
                         "(ggml Q4_1), q4_k_m (a Q4_K_M GGUF), nf4 (bitsandbytes)")
-    p.add_argument("--draft-params", default="1B", metavar="N", help="draft size (default 1B), resident in 16-bit")
+    p.add_argument("--draft-params", default="1B", metavar="N", help="draft size (default 1B), resident in 16-bit; "
+                   "`self` (or self:Q2_K): the target's own Q3_K (Q2_K) copy, as --draft self builds it")
     p.add_argument("--acceptance", metavar="FILE", help="a measured profile or acceptance file (default: the "
-                   "acceptance prior shipped with offspec, measured with the default pair)")
+                   "acceptance prior shipped with offspec, measured with the default pair, or with the default "
+                   "target's own copy for a self draft)")
     p.add_argument("--ram", metavar="SIZE", help="host RAM (default: the hardware profile's)")
     p.add_argument("--context", type=int, default=4096, help="context tokens the KV cache holds (default 4096)")
     p.add_argument("--out", metavar="PNG", help="write the plot here")
@@ -121,19 +124,22 @@ def plan_parser() -> argparse.ArgumentParser:
 def _cmd_plan(args: argparse.Namespace) -> int:
     path = resolve_reference(args.hardware)
     hw_profile = load_profile(path)
+    self_type = self_draft_type(args.draft_params)  # None: a draft model of --draft-params parameters
     if args.acceptance:
         acceptance, source = load_acceptance(Path(args.acceptance))
     else:
-        acceptance, source = prior_acceptance()
+        acceptance, source = prior_acceptance(pair="self" if self_type is not None else "default")
         source += " (an assumption: a bigger pair accepts differently; pass --acceptance with a measured profile)"
     if args.context <= 0:
         raise OffspecError(f"--context must be positive, got {args.context}")
-    result = project(hw_profile["hardware"], parse_params(args.target_params), args.quant,
-                     parse_params(args.draft_params), acceptance, source, source=str(path),
-                     ram_bytes=parse_bytes(args.ram) if args.ram else None,
-                     assume=replace(Assumptions(), context=args.context))
+    target_params = parse_params(args.target_params)
+    result = project(hw_profile["hardware"], target_params, args.quant,
+                     target_params if self_type is not None else parse_params(args.draft_params), acceptance, source,
+                     source=str(path), ram_bytes=parse_bytes(args.ram) if args.ram else None,
+                     assume=replace(Assumptions(), context=args.context), self_type=self_type)
     name = hw_profile["name"]
-    title = f"{args.target_params} target ({args.quant}) + {args.draft_params} draft on {name}"
+    draft = f"its own {self_type} copy as the" if self_type is not None else args.draft_params
+    title = f"{args.target_params} target ({args.quant}) + {draft} draft on {name}"
     plot = report.plot(result.plan, Path(args.out), title, projection=True) if args.out else None
     if args.json:
         print(json.dumps({"projection": True, "hardware": str(path), "plan": result.plan.summary(),

@@ -157,6 +157,7 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
         _check_quant(target_loc, offload.quant, "--quant", torch.device(device))
     target_tok = load_tokenizer(target_loc)
     draft_tok = None
+    is_self = self_draft_type(draft_spec) is not None  # its runner reads the target's KV cache (offspec.api)
     if draft_spec is None and not _is_default(target_spec):  # a target of the user's and no draft named: choose one
         choice = choose_draft(target_loc, target_tok, load_tokenizer, progress=progress)
         progress(ProgressEvent("draft", choice.line, 1, 1, finished=True))
@@ -167,7 +168,7 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
         draft_loc, draft_tok = choice.draft, choice.tokenizer
     else:
         draft_loc = locate_model(draft_spec, "draft", progress=progress, target=target_loc)
-        if self_draft_type(draft_spec) is not None:
+        if is_self:
             draft_tok = target_tok  # the target's own tokenizer, copied key for key
     if offload is not None:
         _check_quant(draft_loc, offload.draft_quant, "--draft-quant", torch.device(device))
@@ -194,13 +195,15 @@ def load_pair(target_spec: Optional[str], draft_spec: Optional[str], *, device: 
         if offload is None:
             target = load_model(target_res, tokenizer=target_tok, **kwargs)
             draft = load_model(draft_res, tokenizer=draft_tok, **kwargs)
+            draft.borrows_kv = is_self
             draft_head(draft.model)
             return target, draft
         # offloading (offspec/offload): the draft loads first, then the target's decoder layers are placed under
         # the device/RAM budgets of `offload` and streamed as needed
         return load_offloaded_pair(target_res, draft_res, target_tok, draft_tok, device=torch.device(device),
                                    dtype=dtype, attn_implementation=attn_implementation, config=offload,
-                                   progress=progress, load_model=load_model, draft_head=draft_head)
+                                   progress=progress, load_model=load_model, draft_head=draft_head,
+                                   self_draft=is_self)
 
     return _rebuilding_once(convert_and_load, progress)
 

@@ -76,17 +76,19 @@ def target_headroom(config: Any, max_context: int, max_budget: int, elem: int,
 
 
 def draft_headroom(config: Any, max_context: int, max_budget: int, elem: int, prefill_tokens: int = PREFILL_TOKENS,
-                   head_rows: Optional[int] = None, materialized_scores: bool = True) -> int:
+                   head_rows: Optional[int] = None, materialized_scores: bool = True, own_cache: bool = True) -> int:
     """KV cache and activations of the draft (its cache also keeps scratch slots for the growing tree): its prefill
     passes hold at most `prefill_tokens` tokens (offspec.api sizes its chunks alike), and its logits rows have
-    `head_rows` entries (a reduced head, offspec/models/draft_vocab.py; None: the vocabulary)."""
+    `head_rows` entries (a reduced head, offspec/models/draft_vocab.py; None: the vocabulary). `own_cache` False:
+    a draft made from the target, which reads the target's cache (activations only, over the target's slots)."""
     ctx = context_limit(config, max_context)
-    slots = ctx + 2 * (max_budget + 1) + 64  # as offspec.api sizes the draft's cache
+    # as offspec.api sizes the draft's cache; a borrowed one is the target's
+    slots = ctx + 2 * (max_budget + 1) + 64 if own_cache else ctx + max_budget + 1
     tokens = min(prefill_tokens, PREFILL_TOKENS, ctx)
     act = activation_bytes(config, tokens, slots, elem, DRAFT_LOGIT_ROWS, materialized_scores)
     if head_rows is not None:  # the logits of a reduced head are narrower
         act -= DRAFT_LOGIT_ROWS * (_dims(config)[-1] - head_rows) * 4
-    return kv_cache_bytes(config, slots, elem) + act
+    return (kv_cache_bytes(config, slots, elem) if own_cache else 0) + act
 
 
 FLOP_EFFICIENCY = 0.5  # share of a device's dense FLOP/s (datasheet or measured) the layers' products reach

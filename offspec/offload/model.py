@@ -102,9 +102,9 @@ class StoreDamaged(OffspecError):
 
 
 def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_bytes: int,
-                device: torch.device, runtime_bytes: int = 0) -> ModelSizes:
+                device: torch.device, runtime_bytes: int = 0, shared_bytes: tuple[int, ...] = ()) -> ModelSizes:
     """What the placement weighs; `runtime_bytes` is the process memory already in use outside the models (a CPU
-    device's budget holds it too)."""
+    device's budget holds it too); `shared_bytes`: ModelSizes.shared_bytes (a draft made from the target)."""
     elem = torch.empty((), dtype=dtype).element_size()
     if sk.complete_store:  # the `other` payload is resident; the memory-mapped token table is not charged
         other = sk.extras["other"].nbytes
@@ -127,7 +127,8 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
                       workspace_bytes=WORKSPACE.get(device.type, WORKSPACE["cpu"]) + _decode_workspace(sk, device)
                       + (runtime_bytes if device.type == "cpu" else 0),
                       head_bytes=head_bytes, head_buffer_bytes=head_buffer,
-                      headroom_bytes=int(config.device_mem * CPU_HEADROOM) if _precise(device, config) else 0)
+                      headroom_bytes=int(config.device_mem * CPU_HEADROOM) if _precise(device, config) else 0,
+                      shared_bytes=tuple(shared_bytes))
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
@@ -224,14 +225,15 @@ def _damaged(resolved: Any, reason: str):
 
 
 def _plan_fitting(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_bytes: Union[int, Callable],
-                  device: torch.device, already_allocated: int, runtime: int = 0) -> tuple[Placement, OffloadConfig]:
+                  device: torch.device, already_allocated: int, runtime: int = 0,
+                  shared_bytes: tuple[int, ...] = ()) -> tuple[Placement, OffloadConfig]:
     """Plan under `config`; where the resident parts do not fit, lower the limits the user left at their defaults
     (config.fit_limits) step by step until they do. Returns the placement and the config it was made for."""
     while True:
         extra = extra_bytes(config) if callable(extra_bytes) else extra_bytes
         try:
-            return plan_placement(model_sizes(sk, dtype, config, extra, device, runtime), device, config,
-                                  already_allocated + runtime), config
+            return plan_placement(model_sizes(sk, dtype, config, extra, device, runtime, shared_bytes), device,
+                                  config, already_allocated + runtime), config
         except OffspecError:
             smaller = config.smaller_limits()
             if smaller is None:
@@ -243,7 +245,8 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
                    config: OffloadConfig, progress: ProgressFn = no_progress,
                    extra_bytes: Union[int, Callable[[OffloadConfig], int]] = 0,
                    already_allocated: int = 0, tiers: Optional[Union[str, tuple[str, ...]]] = None,
-                   report: bool = True, runtime: Optional[int] = None) -> tuple[Optional[Any], OffloadHandle]:
+                   report: bool = True, runtime: Optional[int] = None, shared_bytes: tuple[int, ...] = (),
+                   on_placed: Optional[Callable[[Placement], None]] = None) -> tuple[Optional[Any], OffloadHandle]:
     """Place and (when needed) build `resolved`'s model under `config`'s budgets.
 
     Returns (model, handle); model is None for a float checkpoint when every layer fits and nothing is quantized
@@ -251,6 +254,8 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
     benchmarks, a resident draft); `extra_bytes` are other resident bytes (the draft), or a function of the
     config (its max_context / max_budget) when limits may be lowered to fit (config.fit_limits). `runtime`: the
     process memory in use outside the models (None: measured now), which a CPU's budget holds too.
+    `shared_bytes`: a draft made from the target, its bytes per layer that go where the layer is resident
+    (ModelSizes.shared_bytes); `on_placed(placement)` is called once the layers are placed, before any is loaded.
     """
     device = torch.device(device)
     sk, ck, packed = _open_source(resolved, dtype, attn_implementation, config, device)
@@ -262,11 +267,14 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
     else:
         if runtime is None:  # measured once the model's code is imported (building the skeleton did that)
             runtime = _runtime(device, config)
-        placement, config = _plan_fitting(sk, dtype, config, extra_bytes, device, already_allocated, runtime)
+        placement, config = _plan_fitting(sk, dtype, config, extra_bytes, device, already_allocated, runtime,
+                                          shared_bytes)
     if sk.quant == "ggml":
         placement = replace(placement, quant="ggml")
     if report:
         progress(ProgressEvent("placement", placement.describe(), 1, 1, finished=True))
+    if on_placed is not None:
+        on_placed(placement)
     if packed is None and not placement.streams and config.quant == "none" and not config.pack_always:
         return None, OffloadHandle(placement, config=config)
     if packed is None:
@@ -318,12 +326,16 @@ def resident_bytes(model: nn.Module) -> int:
 def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_tok: Any, *, device: torch.device,
                         dtype: torch.dtype, attn_implementation: str, config: OffloadConfig,
                         load_model: Callable, progress: ProgressFn = no_progress,
-                        draft_head: Optional[Callable[[nn.Module, Optional[torch.Tensor]], None]] = None):
+                        draft_head: Optional[Callable[[nn.Module, Optional[torch.Tensor]], None]] = None,
+                        self_draft: bool = False):
     """offspec.models.loading.load_pair with offloading: the draft first (resident; quantized if asked or stored so),
     then the target placed under the budgets with the draft counted as resident. Returns (target, draft).
     `load_model` is offspec.models.loading.load_model (the plain load of a float model that needs no offloading);
     `draft_head(model, source)` may reduce the draft's LM head before its bytes are counted (offspec/models/draft_vocab.py);
-    `source` is the full head memory-mapped from the draft's store (None for a draft loaded the plain way)."""
+    `source` is the full head memory-mapped from the draft's store (None for a draft loaded the plain way).
+    `self_draft`: the draft is made from the target (`--draft self`): it reads the target's KV cache and keeps
+    none, and where the target streams, it runs the target's resident layers as they are (its copies of them go
+    before the target's layers load: the placement counts a resident layer as its bytes less its copy's)."""
     device = torch.device(device)
     # the process's own memory (Python, torch, transformers, the tokenizer) before any weight: measured after the
     # draft, it also held what loading the draft left in the heap (180 MB of a Qwen2.5 0.5B's), besides the draft's
@@ -363,13 +375,33 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
 
     def extra(cfg: OffloadConfig) -> int:  # the draft's weights, KV cache and activations under cfg's limits
         return draft_bytes + draft_headroom(draft.model.config, cfg.max_context, cfg.max_budget, elem,
-                                            cfg.prefill_tokens, None if rows is None else int(rows.numel()), scores)
+                                            cfg.prefill_tokens, None if rows is None else int(rows.numel()), scores,
+                                            own_cache=not self_draft)
+
+    copies = draft.model.get_decoder().layers if self_draft else None  # a self draft's layers: its copies
+    shared: tuple[int, ...] = ()
+
+    def let_copies_go(placement: Placement) -> None:  # the copies of the layers the draft will run as the target's
+        nonlocal shared
+        if len(placement.tiers) != len(copies):
+            raise OffspecError(f"the self draft has {len(copies)} layers and {target_res.name} {len(placement.tiers)}"
+                               f": remove its copy (offspec models rm) and load again to build it anew")
+        shared = placement.shared_layers
+        for i in shared:
+            copies[i] = nn.Identity()  # until the target's layer i has loaded; the copy's pages go with it
+        trim_heap(precise)
 
     model, handle = load_offloaded(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                    config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes,
-                                   runtime=runtime)
+                                   runtime=runtime, shared_bytes=tuple(resident_bytes(c) for c in copies or ()),
+                                   on_placed=let_copies_go if self_draft else None)
     target = as_loaded(target_res, model, handle, target_tok, load_model, device=device, dtype=dtype,
                        attn_implementation=attn_implementation, progress=progress)
+    if shared:
+        layers = target.model.get_decoder().layers
+        for i in shared:
+            copies[i] = layers[i]  # the same module: the target's weights, bits and kernels
+    draft.borrows_kv = self_draft
     return target, draft
 
 

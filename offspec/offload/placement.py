@@ -47,6 +47,9 @@ class ModelSizes:
     head_bytes: int = 0  # the LM head's part of other_bytes, where it may be streamed instead (0: it may not)
     head_buffer_bytes: int = 0  # one of the two read buffers a streamed head needs
     headroom_bytes: int = 0  # a CPU budget given: the share of it left unplanned (config.CPU_HEADROOM)
+    # per decoder layer, the draft's bytes that go where the layer is resident (a draft made from the target runs
+    # the target's resident layers instead of its copies of them: `Placement.shared_layers`); () for other drafts
+    shared_bytes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,18 @@ class Placement:
     budget_source: str = "given"  # "given" or "free memory"
     bandwidth: dict = field(default_factory=dict)  # assumed bytes/s (link, disk, memory) for the prediction
     head_streamed: bool = False  # the LM head is read from SSD in every pass (offspec/offload/head.py)
+    shares: bool = False  # a draft made from the target runs the resident layers as the target's own
+
+    @property
+    def shared_layers(self) -> tuple[int, ...]:
+        """The layers a draft made from the target runs as the target's own, not its copies: the resident ones,
+        where the target does not fit whole beside the copy (one that does keeps the copy: it drafts cheaper)."""
+        return tuple(i for i, t in enumerate(self.tiers) if t == "device") if self.shares else ()
+
+    @property
+    def shared_bytes(self) -> int:
+        """The draft's bytes it lets go for `shared_layers`."""
+        return sum(self.sizes.shared_bytes[i] for i in self.shared_layers)
 
     def count(self, tier: str) -> int:
         return sum(t == tier for t in self.tiers)
@@ -91,14 +106,15 @@ class Placement:
     def device_bytes(self) -> int:
         """Planned use of the device budget."""
         host_is_device = self.device == "cpu"
-        return (self.resident_bytes + self.bytes_in("device") + self.ring_bytes
+        return (self.resident_bytes + self.bytes_in("device") - self.shared_bytes + self.ring_bytes
                 + (self.staging_bytes if host_is_device else 0))
 
     def device_breakdown(self) -> dict[str, int]:
         """What the planned device bytes are made of (the values sum to `device_bytes`; zero parts left out)."""
         s, host_is_device = self.sizes, self.device == "cpu"
         head_buffers = 2 * s.head_buffer_bytes if self.head_streamed else 0
-        parts = {f"{self.count('device')} layers": self.bytes_in("device"), "draft": s.extra_bytes,
+        draft = "draft" if not self.shares else f"draft (its copies of {len(self.shared_layers)} layers: the target's)"
+        parts = {f"{self.count('device')} layers": self.bytes_in("device"), draft: s.extra_bytes - self.shared_bytes,
                  "embeddings and LM head" if not self.head_streamed else "embeddings and norms":
                      s.other_bytes - self.streamed_head_bytes,
                  "KV cache and activations": s.kv_bytes + s.activation_bytes,
@@ -129,7 +145,7 @@ class Placement:
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
             "resident_bytes": self.resident_bytes, "ring_bytes": self.ring_bytes, "staging_bytes": self.staging_bytes,
             "bytes_per_pass": self.bytes_per_pass, "predicted_pass_seconds": round(self.predicted_pass_seconds, 4),
-            "head_streamed": self.head_streamed,
+            "head_streamed": self.head_streamed, "shared_layers": len(self.shared_layers),
             "assumed_bandwidth": dict(self.bandwidth), "sizes": asdict(self.sizes),
             "device_breakdown": self.device_breakdown(),
         }
@@ -253,12 +269,17 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
     host_is_device = device.type == "cpu"
     layer = list(sizes.layer_bytes)
     n = len(layer)
+    # what a resident layer costs the budget: its bytes, less the draft's copy of it that then goes (a self draft)
+    net = [b - c for b, c in zip(layer, sizes.shared_bytes)] if sizes.shared_bytes else layer
     resident = resident_total(sizes, head_streamed)
     base = dict(device=device.type, sizes=sizes, device_budget=device_budget, ram_budget=ram_budget,
                 quant=config.quant, budget_source=source, head_streamed=head_streamed,
                 bandwidth=dict(ASSUMED_BANDWIDTH.get(device.type, ASSUMED_BANDWIDTH["cpu"])))
 
-    if resident + sum(layer) <= device_budget:
+    if resident + sum(layer) <= device_budget:  # a self draft keeps its whole copy then
+        return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, **base)
+    base["shares"] = bool(sizes.shared_bytes)
+    if resident + sum(net) <= device_budget:  # whole only where the self draft runs the target's own layers
         return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, **base)
 
     ring, _ = stream_buffers(sizes, config, host_is_device, has_ssd=False)  # RAM-tier layers only
@@ -276,7 +297,7 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
     host = [ram_bytes(b) for b in layer]  # what each layer would really take in RAM
 
     def place(dev_room: int, ram_room: int) -> tuple[list[int], list[int]]:
-        on_device = _fit(layer, everything, dev_room)
+        on_device = _fit(net, everything, dev_room)
         rest = [i for i in everything if i not in on_device]
         return on_device, _fit(host, rest, ram_room)
 

@@ -70,16 +70,21 @@ def pair_key(generator, load_cfg: LoadConfig) -> dict:
     return profile_key(identity(generator.engine.target.device), models, info.extra.get("placement"))
 
 
-def prior_acceptance(drafter: str = "model") -> tuple[AcceptanceCurve, str]:
+PRIOR_FILES = {"default": "data/acceptance_prior.json",  # the default pair
+               "self": "data/acceptance_prior_self.json"}  # the default target with its own Q3_K copy (`plan`)
+
+
+def prior_acceptance(drafter: str = "model", pair: str = "default") -> tuple[AcceptanceCurve, str]:
     """The acceptance curve assumed before this pair is measured, with where it comes from."""
-    curves, pair = prior_curves()
-    return curves[drafter], f"prior curve measured with {pair}"
+    curves, measured_with = prior_curves(pair)
+    return curves[drafter], f"prior curve measured with {measured_with}"
 
 
-def prior_curves() -> tuple[dict[str, AcceptanceCurve], str]:
-    """Every drafter's prior acceptance curve, and the pair they were measured with."""
-    text = resources.files("offspec").joinpath("data/acceptance_prior.json").read_text(encoding="utf-8")
-    data = validate(json.loads(text), "offspec/data/acceptance_prior.json", AcceptanceFile)
+def prior_curves(pair: str = "default") -> tuple[dict[str, AcceptanceCurve], str]:
+    """Every drafter's prior acceptance curve, and the pair they were measured with (`pair`: PRIOR_FILES)."""
+    name = PRIOR_FILES[pair]
+    text = resources.files("offspec").joinpath(name).read_text(encoding="utf-8")
+    data = validate(json.loads(text), f"offspec/{name}", AcceptanceFile)
     return acceptance_curves(data, "acceptance prior"), data["acceptance"].get("pair", "the default pair")
 
 

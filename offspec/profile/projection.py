@@ -29,6 +29,9 @@ from .planner import PairCosts, Plan, PlannerConfig, plan
 # a Q4_K_M GGUF (about 4.85 bits over a model's linears); bitsandbytes NF4 with its fp32 absmax per 64
 BYTES_PER_PARAM = {"none": 2.0, "int8": 34 / 32, "int4": 20 / 32, "q4_k_m": 4.85 / 8, "nf4": 0.5 + 4 / 64}
 CPU_DENSE_BYTES = 4.0  # offspec computes in float32 on a CPU
+# a draft made from the target (`--draft self`): every decoder layer requantized to one of offspec's K-quant types
+# (offspec/models/self_draft.py), ggml's Q2_K and Q3_K blocks (84 and 110 bytes per 256 weights)
+SELF_BYTES_PER_PARAM = {"Q2_K": 84 / 256, "Q3_K": 110 / 256}
 MAX_BUDGET = 4096  # the engine's default largest tree (LoadConfig.max_budget)
 # (params, layers, hidden) of common dense decoder sizes; others are interpolated in log(params)
 SHAPES = ((0.5e9, 24, 896), (1.5e9, 28, 1536), (3e9, 28, 2048), (7e9, 32, 4096), (13e9, 40, 5120),
@@ -116,9 +119,14 @@ def _need(hw: dict, name: str, source: str) -> float:
 
 def project(hw: dict, target_params: float, quant: str, draft_params: float, acceptance: AcceptanceCurve,
             acceptance_source: str, source: str = "hardware profile", ram_bytes: Optional[float] = None,
-            assume: Assumptions = Assumptions()) -> Projection:
+            assume: Assumptions = Assumptions(), self_type: Optional[str] = None) -> Projection:
+    """`self_type` ("Q2_K", "Q3_K"): the draft is made from the target (`--draft self`; `draft_params` is then the
+    target's), placed as offspec places it: where the target streams, its resident layers are the draft's own and
+    the draft holds its copies of the others; where the target fits whole beside the whole copy, the copy."""
     if quant not in BYTES_PER_PARAM:
         raise OffspecError(f"unknown quant {quant!r}; use {', '.join(BYTES_PER_PARAM)}")
+    if self_type is not None and self_type not in SELF_BYTES_PER_PARAM:
+        raise OffspecError(f"a self draft is one of {', '.join(SELF_BYTES_PER_PARAM)}, not {self_type!r}")
     gpu = hw["device_type"] == "cuda"
     flops = _need(hw, "device_flops", source) * assume.compute_efficiency
     mem_bw = _need(hw, "device_memory_bandwidth", source) * assume.memory_efficiency
@@ -126,31 +134,41 @@ def project(hw: dict, target_params: float, quant: str, draft_params: float, acc
     link = _need(hw, "h2d_pinned_bytes_per_s", source) if gpu else math.inf
     host_ram = float(ram_bytes if ram_bytes is not None else hw["host_ram_bytes"])
     layers, hidden = shape_of(target_params)
+    if self_type is not None:
+        draft_params = target_params
     d_layers, d_hidden = shape_of(draft_params)
     overhead = assume.layer_overhead_s if gpu else assume.cpu_layer_overhead_s
 
     dense = BYTES_PER_PARAM["none"] if gpu else CPU_DENSE_BYTES
     weights = target_params * (BYTES_PER_PARAM[quant] if quant != "none" else dense)
-    draft_bytes = draft_params * dense
+    draft_bytes = draft_params * (dense if self_type is None else SELF_BYTES_PER_PARAM[self_type])
     device_mem = float(hw["device_memory_bytes"]) if gpu else host_ram - assume.host_reserve_bytes
     # activations per tree token: hidden states, q/k/v/o and MLP intermediates in the compute dtype, attention's
     # float32 running state (offspec/offload/estimates.py, no materialized scores)
     per_token = (6 + 3 * assume.inter_ratio) * hidden * dense + hidden * 4
 
-    def placed(max_budget: int) -> tuple[float, float, float, float, float]:
-        """(KV cache + activations, resident, in RAM, on SSD, stream seconds per pass) for trees of max_budget."""
+    def placed(max_budget: int) -> tuple[float, float, float, float, float, float, float]:
+        """(KV cache + activations, resident, in RAM, on SSD, stream seconds per pass, the draft's bytes resident,
+        the bytes a draft step reads) for trees of max_budget."""
         kv = 2 * layers * assume.kv_heads * assume.head_dim * dense * (assume.context + max_budget)
         headroom = kv + (per_token * (max_budget + 1) + assume.device_reserve_bytes if gpu else 0.0)
         room = device_mem - draft_bytes - headroom
         if room < 0:
-            raise OffspecError(f"the draft ({draft_bytes / 1e9:.1f} GB) and the KV cache do not fit in "
+            what = "draft" if self_type is None else f"{self_type} copy of the target (the self draft)"
+            raise OffspecError(f"the {what} ({draft_bytes / 1e9:.1f} GB) and the KV cache "
+                               f"({headroom / 1e9:.1f} GB with the activations) do not fit in "
                                f"{device_mem / 1e9:.1f} GB of {'device memory' if gpu else 'RAM'}; use a smaller "
                                f"draft")
-        resident = min(weights, room)
+        resident, held, reads = min(weights, room), draft_bytes, draft_bytes
+        if self_type is not None and room < weights:  # the target streams: its resident layers are the draft's own
+            share = draft_bytes / weights  # copy bytes per target byte: a resident byte lets `share` of the copy go
+            resident = min(weights, room / (1 - share))  # resident + share * (weights - resident) <= room + copy
+            held = draft_bytes * (1 - resident / weights)
+            reads = resident + held
         rest = weights - resident
         in_ram = min(rest, max(0.0, host_ram - assume.host_reserve_bytes)) if gpu else 0.0
         on_ssd = rest - in_ram
-        return headroom, resident, in_ram, on_ssd, in_ram / link + on_ssd / min(disk, link)
+        return headroom, resident, in_ram, on_ssd, in_ram / link + on_ssd / min(disk, link), held, reads
 
     max_budget = assume.max_budget or MAX_BUDGET
     if gpu and assume.max_budget is None:  # what the card computes usefully, with the room that leaves
@@ -160,28 +178,32 @@ def project(hw: dict, target_params: float, quant: str, draft_params: float, acc
             if smaller == max_budget:
                 break
             max_budget = smaller
-    headroom, resident, in_ram, on_ssd, stream = placed(max_budget)
+    headroom, resident, in_ram, on_ssd, stream, draft_held, draft_reads = placed(max_budget)
 
     def target_pass(n: int) -> float:
         compute = max(2 * target_params * n / flops, weights / mem_bw)
         return max(stream, compute) + layers * overhead
 
     def draft_step(k: int) -> float:
-        return max(2 * draft_params * k / flops, draft_bytes / mem_bw) + d_layers * overhead
+        return max(2 * draft_params * k / flops, draft_reads / mem_bw) + d_layers * overhead
 
     sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, max_budget + 1})
     head = dense * hidden * assume.vocab / mem_bw  # one LM-head read per walk position
     costs = PairCosts(target_pass=CostCurve.of([(n, target_pass(n)) for n in sizes]), target_head=head,
                       draft_step=CostCurve.of([(k, draft_step(k)) for k in sizes if k <= 512]), expand_ratio=1.0)
     result = plan(costs, acceptance, PlannerConfig(max_budget=max_budget))
-    placement = {"target_bytes": weights, "device_bytes": resident, "ram_bytes": in_ram, "ssd_bytes": on_ssd,
+    placement = {"target_bytes": weights, "draft_bytes": draft_held, "device_bytes": resident, "ram_bytes": in_ram, "ssd_bytes": on_ssd,
                  "stream_seconds_per_pass": stream, "target_layers": layers, "draft_layers": d_layers,
                  "one_token_pass_seconds": target_pass(1), "max_budget": max_budget, "headroom_bytes": headroom}
     assumptions = tuple(assume.lines()) + (
         f"target {target_params / 1e9:.3g}B params ({layers} layers, hidden {hidden}) in "
         f"{quant if quant != 'none' else ('bfloat16' if gpu else 'float32')}: "
-        f"{weights / 1e9:.1f} GB; draft {draft_params / 1e9:.3g}B params in {'16' if gpu else '32'}-bit "
-        f"({d_layers} layers)",
+        f"{weights / 1e9:.1f} GB; " + (f"draft {draft_params / 1e9:.3g}B params in {'16' if gpu else '32'}-bit "
+                                       f"({d_layers} layers)" if self_type is None else
+                                       f"draft the target itself: its resident layers as they are and its own "
+                                       f"{self_type} copy of the others ({draft_held / 1e9:.1f} GB, resident), as "
+                                       f"offspec places a self draft (a target that fits whole beside the whole "
+                                       f"copy drafts with the copy)"),
         f"acceptance curve: {acceptance_source}",
         f"largest tree {max_budget} nodes" + (" (what the card computes within twice a one-token pass's floor)"
                                              if gpu and assume.max_budget is None else ""),

@@ -82,7 +82,8 @@ class TreeDrafter:
 
     The draft cache holds the committed tokens it has seen (slots [0, length)); during growth, each
     expanded node gets a scratch slot after them, so nothing is recomputed between draft steps. After
-    the pass, the accepted expanded nodes are gathered onto the committed slots.
+    the pass, the accepted expanded nodes are gathered onto the committed slots. A draft made from the target
+    borrows the target's cache instead (`ModelRunner.borrow_cache`): its committed slots are the target's own.
     """
 
     kind = "model"
@@ -108,7 +109,10 @@ class TreeDrafter:
         self.runner.forget_tokens()
 
     def prefill(self, tokens: Sequence[int]) -> None:
-        """The draft model processes the committed `tokens`, as a proposal would catch up on them."""
+        """The draft model processes the committed `tokens`, as a proposal would catch up on them (a draft that
+        borrows the target's cache runs only those the target has not cached)."""
+        if self.runner.borrows:
+            self.runner.adopt(tokens)
         self.runner.extend(list(tokens[self.runner.length :]))
 
     @torch.inference_mode()
@@ -124,6 +128,8 @@ class TreeDrafter:
         runner, tree = self.runner, self._tree_for(config, grow)
         limit, most = config.budget, config.budget + (config.growth if grow is not None else 0)
         n_committed = len(tokens)
+        if runner.borrows:  # the target's keys and values of what it committed are the draft's
+            runner.adopt(tokens)
         if runner.length >= n_committed:  # the root's draft logits are needed: re-run it
             runner.cache.truncate(n_committed - 1)
         self.caught_up = n_committed - runner.length  # 1-2 after a pass that ran the model, more after others
@@ -198,7 +204,10 @@ class TreeDrafter:
         return logits.float().masked_fill(~allowed.to(logits.device), float("-inf"))
 
     def observe(self, accepted: list[int], n_committed: int) -> None:
-        """Keep the accepted nodes the draft already processed (a prefix of the path) in its cache."""
+        """Keep the accepted nodes the draft already processed (a prefix of the path) in its cache (a borrowed cache
+        has the target's own keys and values of them: nothing to keep)."""
+        if self.runner.borrows:
+            return
         tree = self._tree
         slots = tree.slots[torch.tensor(accepted[1:], dtype=torch.long, device=tree.device)].tolist()  # sync
         kept = []

@@ -6,6 +6,8 @@ is a `transformers.Cache` whose `update()` writes the new keys/values at `write_
 buffer up to `kv_len`; the engine pairs it with a 4D mask over those `kv_len` slots.
 
 Invariant kept by the engine: slots [0, length) hold the committed sequence, slot i = position i.
+
+`BorrowedKVCache` is a draft's view of the target's cache (a draft made from the target, `--draft self`).
 """
 
 from __future__ import annotations
@@ -105,3 +107,35 @@ class SlotKVCache(Cache):
 
     def __len__(self) -> int:
         return self.num_layers
+
+
+class BorrowedKVCache(SlotKVCache):
+    """A draft's cache over the target's buffers. A draft made from the target (`--draft self`: the same layers,
+    heads and dtype) reads the target's own keys and values of the committed tokens: it never prefills a prompt or
+    catches up on an accepted path, and holds no cache of its own. It writes only slots at or after the target's
+    committed length (the root and its tree's scratch slots), which the target's next pass writes itself before it
+    reads them, so the target never reads a key or value it did not compute (`prepare` refuses any other write)."""
+
+    def __init__(self, owner: SlotKVCache):
+        super().__init__(owner.num_layers, owner.capacity)
+        self.owner = owner
+        self.keys, self.values = owner.keys, owner.values  # the same lists: a buffer made by either is both's
+        self._floor = 0  # slots [0, _floor) of `positions` hold their own positions (the draft wrote none since)
+
+    def follow(self) -> None:
+        """Take the owner's committed slots as this cache's own (length = the owner's)."""
+        n = self.owner.length
+        lo = min(self._floor, n)
+        if n > lo:  # the draft's scratch positions there are the target's committed slots now: slot i = position i
+            self.positions[lo:n] = torch.arange(lo, n, device=self.positions.device)
+        self.length = self._floor = n
+
+    def prepare(self, write_slots: torch.Tensor, kv_len: int, positions: Optional[torch.Tensor] = None) -> None:
+        first = int(write_slots.min())  # sync (CUDA): once per draft forward, the guard of the target's keys
+        if first < self.owner.length:
+            raise RuntimeError(f"a draft borrowing the target's cache wrote slot {first}, below the target's "
+                               f"{self.owner.length} committed slots")
+        super().prepare(write_slots, kv_len, positions)
+
+    def keep(self, src_slots: torch.Tensor, new_length: int) -> None:
+        raise RuntimeError("a borrowed cache keeps nothing: the target's pass committed its own keys and values")

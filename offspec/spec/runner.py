@@ -22,7 +22,7 @@ from offspec.formats.layers import active as compiled_layers
 from offspec.formats.layers import install as install_layers
 from offspec.formats.modules import QLinear
 
-from .kvcache import SlotKVCache
+from .kvcache import BorrowedKVCache, SlotKVCache
 
 PREFILL_CHUNK = 512  # tokens per prefill pass of a resident model (bounds its activation memory)
 # the most tokens of a pass that runs compiled layers on a runner without exact attention (a draft): longer passes
@@ -37,6 +37,14 @@ def compute_device_and_dtype(model) -> tuple[torch.device, torch.dtype]:
     if getattr(emb, "compute_device", None) is not None:
         return emb.compute_device, emb.compute_dtype
     return emb.weight.device, emb.weight.dtype
+
+
+def _kv_geometry(runner: "ModelRunner") -> tuple:
+    """What a runner's cache buffers look like: (layers, key-value heads, head size, windows, dtype, device)."""
+    config = runner.model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (config.num_hidden_layers, heads, head_dim, tuple(runner.windows), str(runner.dtype), str(runner.device))
 
 
 class ModelRunner:
@@ -92,6 +100,29 @@ class ModelRunner:
     def weights_loading(self) -> bool:
         """Whether the next pass's first streamed layer is still being read (False when nothing streams)."""
         return self.io is not None and self.io.loading()
+
+    def borrow_cache(self, owner: "ModelRunner") -> None:
+        """Read `owner`'s keys and values of the committed tokens instead of keeping a cache of its own (a draft
+        made from the target, offspec.spec.kvcache.BorrowedKVCache); its capacity becomes the owner's."""
+        mine, theirs = _kv_geometry(self), _kv_geometry(owner)
+        if mine != theirs:
+            raise ValueError(f"a draft borrows the target's cache only with the same layers, heads, dtype and device "
+                             f"(layers, key-value heads, head size, windows, dtype, device): {mine} against {theirs}")
+        self.cache = BorrowedKVCache(owner.cache)
+        self.capacity = owner.capacity
+
+    @property
+    def borrows(self) -> bool:
+        """Whether this runner reads another runner's cache (`borrow_cache`)."""
+        return isinstance(self.cache, BorrowedKVCache)
+
+    def adopt(self, tokens: Sequence[int]) -> None:
+        """A borrowing runner takes the owner's committed tokens (`tokens`' first owner.length) as its own, without
+        running them; a reduced head admits the ones it had not seen."""
+        owner = self.cache.owner.length
+        if self.subset_head is not None and owner > self.cache.length:
+            self.subset_head.admit(tokens[self.cache.length : owner])
+        self.cache.follow()
 
     @property
     def length(self) -> int:
