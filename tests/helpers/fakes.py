@@ -33,6 +33,7 @@ class BigramRunner:
         self.logits_rows: list[list[int]] = []  # the "hidden states" (token ids) of each logits call
         self.head_is_row_invariant = True  # a table lookup: the same row whatever the batch
         self.io = None  # nothing streams unless a test scripts it (`loading()`, `counters()`)
+        self.borrows = False  # its own cache (ModelRunner.borrows: a self draft reads the target's)
 
     @property
     def vocab_size(self) -> int:
