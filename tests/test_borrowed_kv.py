@@ -68,3 +68,21 @@ def test_self_reads_the_targets_cache_and_the_target_computes_every_key_it_reads
     for mine, theirs in zip(runner.cache.keys + runner.cache.values,
                             alone.engine.target.cache.keys + alone.engine.target.cache.values):
         assert torch.equal(mine[:, :, :length], theirs[:, :, :length])
+
+
+def test_after_suffix_passes_the_borrowing_draft_runs_only_the_root(tmp_path, monkeypatch):
+    """The hybrid's suffix-only passes commit tokens the draft never ran: a borrowing draft has their keys and values
+    from the target all the same, so its next tree catches up on the root alone."""
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    target = save_tiny_gguf(tmp_path / "target.gguf", "qwen2", seed=0, hidden=256, inter=512, layers=4)
+    options = dict(max_context=256, max_budget=64)
+    repeated = PROMPT * 6  # a long repeat: the suffix drafter's confident matches, passes without the model
+    expected = offspec.load(str(target), "none", **options).generate(repeated, max_new_tokens=48, speculate=False)
+    gen = offspec.load(str(target), "self", **options)
+    result = gen.generate(repeated, max_new_tokens=48, budget=16, drafter="hybrid")
+    assert result.token_ids == expected.token_ids
+    passes = result.passes
+    first = next(i for i, p in enumerate(passes) if p.drafter != "suffix")  # the first pass that ran the draft
+    assert first >= 1, [p.drafter for p in passes]  # after a suffix-only pass: the draft never ran before it
+    assert passes[first].caught_up == 1  # not the 84-token prompt and that pass's tokens: the root alone
+    assert all(p.caught_up <= 1 for p in passes)
