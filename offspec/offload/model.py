@@ -42,6 +42,7 @@ from .config import CPU_HEADROOM, WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
 from .head import StreamedHead, head_bytes_per_read
 from .hostmem import MADV_DONTNEED, advise, bound_heap, trim_heap
+from .lent_layers import LentLayers
 from .hostmem import runtime_bytes as measured_runtime
 from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
 from .placement import ModelSizes, Placement, forced, plan_placement
@@ -378,29 +379,15 @@ def load_offloaded_pair(target_res: Any, draft_res: Any, target_tok: Any, draft_
                                             cfg.prefill_tokens, None if rows is None else int(rows.numel()), scores,
                                             own_cache=not self_draft)
 
-    copies = draft.model.get_decoder().layers if self_draft else None  # a self draft's layers: its copies
-    shared: tuple[int, ...] = ()
-
-    def let_copies_go(placement: Placement) -> None:  # the copies of the layers the draft will run as the target's
-        nonlocal shared
-        if len(placement.tiers) != len(copies):
-            raise OffspecError(f"the self draft has {len(copies)} layers and {target_res.name} {len(placement.tiers)}"
-                               f": remove its copy (offspec models rm) and load again to build it anew")
-        shared = placement.shared_layers
-        for i in shared:
-            copies[i] = nn.Identity()  # until the target's layer i has loaded; the copy's pages go with it
-        trim_heap(precise)
-
+    lent = LentLayers(draft.model, target_res.name, resident_bytes, precise) if self_draft else None
     model, handle = load_offloaded(target_res, device=device, dtype=dtype, attn_implementation=attn_implementation,
                                    config=config, progress=progress, extra_bytes=extra, already_allocated=draft_bytes,
-                                   runtime=runtime, shared_bytes=tuple(resident_bytes(c) for c in copies or ()),
-                                   on_placed=let_copies_go if self_draft else None)
+                                   runtime=runtime, shared_bytes=lent.copy_bytes if lent is not None else (),
+                                   on_placed=lent.on_placed if lent is not None else None)
     target = as_loaded(target_res, model, handle, target_tok, load_model, device=device, dtype=dtype,
                        attn_implementation=attn_implementation, progress=progress)
-    if shared:
-        layers = target.model.get_decoder().layers
-        for i in shared:
-            copies[i] = layers[i]  # the same module: the target's weights, bits and kernels
+    if lent is not None:
+        lent.lend(target.model)
     draft.borrows_kv = self_draft
     return target, draft
 

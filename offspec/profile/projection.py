@@ -162,6 +162,9 @@ def project(hw: dict, target_params: float, quant: str, draft_params: float, acc
         resident, held, reads = min(weights, room), draft_bytes, draft_bytes
         if self_type is not None and room < weights:  # the target streams: its resident layers are the draft's own
             share = draft_bytes / weights  # copy bytes per target byte: a resident byte lets `share` of the copy go
+            if share >= 1:
+                raise OffspecError(f"a {self_type} copy of a {quant} target is no smaller than the target; use "
+                                   f"--draft-params N (a draft model)")
             resident = min(weights, room / (1 - share))  # resident + share * (weights - resident) <= room + copy
             held = draft_bytes * (1 - resident / weights)
             reads = resident + held
