@@ -8,7 +8,7 @@ resident layer as its bytes less its copy's (`ModelSizes.shared_bytes`, `Placeme
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
@@ -19,7 +19,7 @@ from .placement import Placement
 
 
 class LentLayers:
-    def __init__(self, draft_model: Any, target_name: str, resident_bytes, precise: bool):
+    def __init__(self, draft_model: Any, target_name: str, resident_bytes: Callable[[nn.Module], int], precise: bool):
         self.copies = draft_model.get_decoder().layers  # the draft's decoder layers: its copies, until lent
         self.copy_bytes = tuple(resident_bytes(c) for c in self.copies)  # (layers,) ModelSizes.shared_bytes
         self.target_name, self.precise = target_name, precise

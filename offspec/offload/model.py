@@ -42,8 +42,8 @@ from .config import CPU_HEADROOM, WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
 from .head import StreamedHead, head_bytes_per_read
 from .hostmem import MADV_DONTNEED, advise, bound_heap, trim_heap
-from .lent_layers import LentLayers
 from .hostmem import runtime_bytes as measured_runtime
+from .lent_layers import LentLayers
 from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
 from .placement import ModelSizes, Placement, forced, plan_placement
 from .quant import BLOCKSIZE, quantize_weight
