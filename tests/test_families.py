@@ -256,33 +256,6 @@ def test_an_unknown_architecture_or_an_unreadable_type_is_one_line_and_leaves_th
     assert not (cache / "models").exists() or not any((cache / "models").iterdir())
 
 
-def test_a_mixtral_file_is_one_line_naming_its_experts_and_leaves_the_cache_alone(tmp_path):
-    """llama.cpp writes Mixtral as `llama` with stacked experts: read as a llama model it had none, and printed
-    garbage with exit 0 (issue 59). Refused before anything is written, with or without the expert metadata."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from offspec.models.gguf_check import check_gguf
-
-    mixtral = save_tiny_gguf(tmp_path / "mixtral.gguf", arch="llama", experts=4)
-    cache = tmp_path / "cache"
-    root = Path(__file__).parent.parent
-    env = {**__import__("os").environ, "OFFSPEC_CACHE_DIR": str(cache)}
-    done = subprocess.run([sys.executable, str(root / "main.py"), "generate", "--target", str(mixtral), "--draft",
-                           "none", "--raw", "hi"], capture_output=True, text=True, cwd=root, env=env, timeout=300)
-    assert done.returncode == 2, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0] == (
-        "error: target model mixtral.gguf is a mixture of experts (a llama file with experts: Mixtral, as llama.cpp "
-        "writes it, 4 experts a layer), which offspec cannot run yet; use a dense model's GGUF (e.g. Qwen2.5, "
-        "Llama 3, Gemma 3)"), done.stderr
-    assert not (cache / "models").exists() or not any((cache / "models").iterdir())
-    bare = save_tiny_gguf(tmp_path / "bare.gguf", arch="llama", experts=3, expert_metadata=False)
-    with pytest.raises(OffspecError, match=r"is a mixture of experts \(.*, 3 experts a layer\)"):
-        check_gguf(bare, "target")
-
-
 @pytest.mark.parametrize("path", ["blocks", "float"])
 def test_a_tensor_the_model_has_no_place_for_is_an_error_never_dropped(cache, tmp_path, monkeypatch, path):
     """The import of either path (blocks kept, or the float fallback through transformers' loader, which skips a

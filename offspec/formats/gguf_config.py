@@ -12,6 +12,10 @@ made for) reads the file. `complete_config` sets them from the GGUF's own metada
 - phi3: a partial rotary embedding (`rope.dimension_count` below the head dimension), and no sliding window
   (llama.cpp leaves Phi-3's window off);
 - mistral (which llama.cpp writes as a llama file): no sliding window, as llama.cpp runs it;
+- the mixtures of experts: the experts' rows (`expert_feed_forward_length`) and qwen2moe's shared expert's
+  (`expert_shared_feed_forward_length`), and whether the top-k weights are renormalized as llama.cpp computes
+  them (qwen3moe: yes; qwen2moe: no); a llama file with experts is Mixtral (`mixtral_config`), which transformers
+  reads as a llama model without its experts;
 - llama 3.1+: the rope frequency factors the file holds as a tensor (`rope_freqs.weight`), as transformers' "llama3"
   rope parameters that reproduce them (llama.cpp's converter computes them from those parameters).
 
@@ -28,7 +32,10 @@ import numpy as np
 
 # transformers model type -> family name
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-            "gemma3_text": "gemma3", "gemma3": "gemma3", "phi3": "phi3"}
+            "gemma3_text": "gemma3", "gemma3": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe",
+            "qwen2_moe": "qwen2moe", "mixtral": "mixtral"}
+# llama.cpp's top-k weights, renormalized or not, by GGUF architecture (its build_moe_ffn's norm_w)
+_MOE_NORMALIZED = {"qwen3moe": True, "qwen2moe": False}
 VERIFIED = frozenset(FAMILIES.values())
 # llama.cpp's layer counts of the 27B gemmas, whose attention scale is 1/sqrt(hidden / heads)
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -69,6 +76,12 @@ def complete_config(config: Any, fields: Mapping[str, Any], rope_freqs: Optional
     if key_length and hasattr(config, "head_dim"):
         put("head_dim", int(key_length))
     model_type = getattr(config, "model_type", "")
+    if arch in _MOE_NORMALIZED:
+        if get("expert_feed_forward_length"):
+            put("moe_intermediate_size", int(get("expert_feed_forward_length")))
+        if arch == "qwen2moe" and get("expert_shared_feed_forward_length"):
+            put("shared_expert_intermediate_size", int(get("expert_shared_feed_forward_length")))
+        put("norm_topk_prob", _MOE_NORMALIZED[arch])
     if arch in _GEMMA_27B_LAYERS:
         heads = config.num_attention_heads
         big = config.num_hidden_layers == _GEMMA_27B_LAYERS[arch]
@@ -105,6 +118,20 @@ def complete_config(config: Any, fields: Mapping[str, Any], rope_freqs: Optional
     if model_type == "phi3" and fields.get("offspec.rope_factors"):  # Phi-3 128k, Phi-3.5, Phi-4-mini
         unverified(config, "its longrope frequency factors (rope_factors_long/short) are not applied")
     return changed
+
+
+def mixtral_config(config: Any, fields: Mapping[str, Any], expert_rows: int) -> Any:
+    """The MixtralConfig of a llama GGUF with experts (llama.cpp writes Mixtral so), from transformers' LlamaConfig
+    of it, the file's `llama.expert_count` / `expert_used_count` and its experts' rows."""
+    from transformers import MixtralConfig
+
+    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_parameters", "tie_word_embeddings",
+            "bos_token_id", "eos_token_id", "pad_token_id")
+    values = {k: getattr(config, k) for k in keep if getattr(config, k, None) is not None}
+    return MixtralConfig(**values, intermediate_size=int(expert_rows), sliding_window=None,
+                         num_local_experts=int(fields["llama.expert_count"]),
+                         num_experts_per_tok=int(fields["llama.expert_used_count"]))
 
 
 UNVERIFIED = "offspec_unverified"  # a config attribute (saved with it): why its conversion is not verified

@@ -10,6 +10,9 @@ and decides, per tensor:
 - a weight of a type offspec cannot compute with (ggml.KERNEL_TYPES: every type of the GGUF files people run is
   there, IQ and TQ types included) is refused in one line naming the type (`OffspecError`); nothing is ever
   expanded to float32.
+A mixture of experts (qwen3moe, qwen2moe, Mixtral: a llama file with experts) keeps its blocks too: each stacked
+`ffn_{gate,up,down}_exps` tensor becomes one tensor per expert, and a layer's experts are stored expert by expert
+(gate, up, down of expert 0, then of expert 1, ...: formats/experts.py), the router its F32 rows.
 Architectures whose GGUF tensors need more than a row reorder (fused or transposed layouts) are not
 importable (`ImportUnsupported`); the caller then falls back to a float conversion. A tensor of the file that the
 model has no place for is an error, never dropped (the float fallback checks the same:
@@ -18,6 +21,7 @@ model has no place for is an error, never dropped (the float fallback checks the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -35,8 +39,13 @@ class ImportUnsupported(Exception):
     """This GGUF cannot be imported block for block (the message says why)."""
 
 
-# transformers' tensor processors whose changes are a row reorder of q/k (llama) or touch float norms only
-_ROW_SAFE_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor", "NemotronTensorProcessor")
+# transformers' tensor processors whose changes are a row reorder of q/k (llama) or touch float norms only (qwen2moe
+# and qwen3moe's also merge the stacked experts, which this import splits per expert itself, and give the shared
+# expert's gate a leading dimension, which its rows have)
+_ROW_SAFE_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor", "NemotronTensorProcessor",
+                        "Qwen2MoeTensorProcessor")
+# a GGUF's stacked experts: ggml's (cols, rows, experts)
+_STACKED = re.compile(r"^blk\.(?P<bid>\d+)\.ffn_(?P<w>gate|up|down)_exps\.weight$")
 
 
 @dataclass
@@ -51,6 +60,7 @@ class TensorPlan:
     cols: int = 0
     shape: tuple[int, ...] = ()  # float tensors
     permute: Optional[tuple[int, int]] = None  # (heads, kv heads): llama q/k row reorder
+    expert: int = -1  # the expert of a stacked experts tensor this plan holds (its rows `rows` of each expert)
 
     def entry(self) -> tuple:
         """The packed-file layout entry of this tensor (offspec.store.packed.plan_layer)."""
@@ -87,11 +97,34 @@ def _module_kind(model: nn.Module, hf_name: str) -> str:
         return "linear"
     if attr == "weight" and isinstance(owner, nn.Embedding):
         return "embedding"
+    if attr == "weight" and type(owner).__name__.endswith("TopKRouter"):
+        return "router"  # kept in its blocks (F32 in llama.cpp's files), routed by formats/experts.QRouter
     return "float"
 
 
 def _stored_name(hf_name: str, kind: str) -> str:
-    return hf_name.rpartition(".")[0] + ".qweight" if kind in ("linear", "embedding") else hf_name
+    return hf_name.rpartition(".")[0] + ".qweight" if kind in ("linear", "embedding", "router") else hf_name
+
+
+def _expert_plans(t: Any, hf_name: str) -> list[TensorPlan]:
+    """One plan per expert of the stacked GGUF tensor `t` (ggml's (cols, rows, experts)), named as
+    formats/experts.py stores them ("mlp.experts.<e>.gate_proj.qweight", relative to the model)."""
+    cols, rows, experts = (int(s) for s in t.shape)
+    owner = hf_name.rpartition(".")[0]  # "model.layers.3.mlp.experts"
+    proj = _STACKED.match(t.name)["w"] + "_proj"
+    return [TensorPlan(f"{owner}.{e}.{proj}.qweight", t, lowbit=True, ggml=int(t.tensor_type), rows=rows, cols=cols,
+                       expert=e) for e in range(experts)]
+
+
+def _expert_order(plans: list[TensorPlan]) -> list[TensorPlan]:
+    """A layer's plans with its experts last, expert by expert (gate, up, down): one expert's blocks together."""
+    from .experts import EXPERT_NAME, PROJECTIONS
+
+    def key(p: TensorPlan) -> tuple:
+        m = EXPERT_NAME.match(p.name)
+        return (1, m["owner"], int(m["e"]), PROJECTIONS.index(m["proj"])) if m else (0, "", 0, 0)
+
+    return sorted(plans, key=key)  # stable: the other tensors keep the file's order
 
 
 def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
@@ -121,17 +154,22 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         if hf_name is None:
             continue  # rope factors (`_modelled_elsewhere`)
         found.add(hf_name)
+        if _STACKED.match(t.name):
+            experts = _expert_plans(t, hf_name)
+            _check_kernel(gguf_path, t)
+            for tp in experts:
+                tname = KERNEL_TYPES[tp.ggml].name
+                plan.types[tname] = plan.types.get(tname, 0) + int(tp.rows * KERNEL_TYPES[tp.ggml].row_bytes(tp.cols))
+                index, _, tp.name = tp.name[len(prefix):].partition(".")
+                plan.layers[int(index)].append(tp)
+            continue
         kind = _module_kind(model, hf_name)
         stored = _stored_name(hf_name, kind)
         if kind == "float":
             tp = TensorPlan(stored, t, lowbit=False, shape=tuple(int(s) for s in reversed(list(t.shape))))
         else:
             cols, rows = int(t.shape[0]), int(np.prod([int(s) for s in t.shape[1:]]))
-            type_id = int(t.tensor_type)
-            if not has_kernel(type_id):
-                raise OffspecError(f"{Path(gguf_path).name}: tensor {t.name} is {t.tensor_type.name}, a ggml type "
-                                   f"offspec cannot compute with; use a GGUF of another quantization (e.g. Q4_K_M, "
-                                   f"IQ4_XS, Q8_0)")
+            type_id = _check_kernel(gguf_path, t)
             permute = None
             if processor_cls.__name__ == "LlamaTensorProcessor" and (".attn_q." in t.name or ".attn_k." in t.name):
                 permute = (heads[0], heads[0] if ".attn_q." in t.name else heads[1])
@@ -146,12 +184,23 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
             plan.embed.append(tp)
         else:
             plan.other.append(tp)
+    plan.layers = [_expert_order(tensors) for tensors in plan.layers]
     missing = expected - found
     if config.tie_word_embeddings:
         missing = {k for k in missing if k != _output_name(model)}
     if missing:
         raise ImportUnsupported(f"the GGUF has no tensor for {sorted(missing)[0]}")
     return plan
+
+
+def _check_kernel(gguf_path: Path, t: Any) -> int:
+    """The ggml type id of GGUF tensor `t`, refused in one line where offspec cannot compute with it."""
+    type_id = int(t.tensor_type)
+    if not has_kernel(type_id):
+        raise OffspecError(f"{Path(gguf_path).name}: tensor {t.name} is {t.tensor_type.name}, a ggml type "
+                           f"offspec cannot compute with; use a GGUF of another quantization (e.g. Q4_K_M, "
+                           f"IQ4_XS, Q8_0)")
+    return type_id
 
 
 def _modelled_elsewhere(name: str) -> bool:
@@ -187,9 +236,16 @@ def _weights_map(model: nn.Module, processor_cls: Any, config: Any) -> dict:
     from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
     processor = processor_cls(config=config.to_dict())
-    # a GGUF transformers reads as Mistral is a llama file (gguf-py has no mistral tensor table)
-    model_type = "llama" if config.model_type == "mistral" else None
-    return hf_gguf.get_gguf_hf_weights_map(model, processor, model_type=model_type)
+    # a GGUF transformers reads as Mistral or Mixtral is a llama file (gguf-py has no tensor table for either)
+    model_type = "llama" if config.model_type in ("mistral", "mixtral") else None
+    name_map = hf_gguf.get_gguf_hf_weights_map(model, processor, model_type=model_type)
+    params = {n for n, _ in model.named_parameters()}
+    for prefix in {n.rpartition(".experts.")[0] for n in params if ".experts." in n}:  # "model.layers.3.mlp"
+        bid = prefix.rpartition(".mlp")[0].rpartition(".")[2]
+        for w, hf in (("gate", "gate_up_proj"), ("up", "gate_up_proj"), ("down", "down_proj")):
+            if f"{prefix}.experts.{hf}" in params:  # Mixtral's, which no processor maps
+                name_map.setdefault(f"blk.{bid}.ffn_{w}_exps.weight", f"{prefix}.experts.{hf}")
+    return name_map
 
 
 def _output_name(model: nn.Module) -> str:
@@ -217,7 +273,8 @@ def tensor_data(plan: TensorPlan, processor: Any) -> torch.Tensor:
     """The stored tensor for `plan`: blocks as (rows, row_bytes) uint8 (a copy of the file's bytes), or float32."""
     if not plan.lowbit:
         return torch.from_numpy(_processed_float(plan, processor))
-    raw = np.asarray(plan.source.data).reshape(plan.rows, -1).view(np.uint8)
+    raw = np.asarray(plan.source.data).view(np.uint8)
+    raw = raw.reshape(-1, plan.rows, raw.shape[-1])[plan.expert] if plan.expert >= 0 else raw.reshape(plan.rows, -1)
     if plan.permute is not None:
         raw = raw[_row_order(plan.rows, *plan.permute)]
     return torch.from_numpy(np.array(raw, copy=True))  # owns its memory: the GGUF stays memory-mapped

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 
 from offspec.errors import OffspecError
-from offspec.formats.gguf_config import complete_config, gguf_fields
+from offspec.formats.gguf_config import complete_config, gguf_fields, mixtral_config
 from offspec.formats.gguf_import import (ImportUnsupported, check_every_tensor_used, plan_import, processor_for,
                                          tensors_of)
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
@@ -110,6 +110,9 @@ def gguf_config(gguf: Path, progress: ProgressFn = no_progress, name: str = "") 
     freqs = next((np.array(t.data, dtype=np.float32) for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     fields = gguf_fields(reader)
     fields["offspec.rope_factors"] = any(t.name.startswith("rope_factors_") for t in reader.tensors)
+    stacked = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_exps.weight")), None)
+    if fields.get("general.architecture") == "llama" and stacked is not None:  # Mixtral, as llama.cpp writes it
+        config = mixtral_config(config, fields, int(stacked.shape[1]))
     changed = complete_config(config, fields, freqs)
     if changed:
         progress(ProgressEvent("convert", f"{name or gguf.name}: from the GGUF's metadata, as llama.cpp reads it: "

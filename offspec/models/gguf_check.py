@@ -4,8 +4,9 @@ An architecture no code path runs, or a tensor of a type no code path reads, is 
 before the conversion starts (which would otherwise fail minutes in, or, for a type, only where the tensor is
 reached). Architectures: the families offspec runs (offspec.formats.gguf_config.FAMILIES; llama.cpp writes
 Mistral as llama), and the others transformers reads from a GGUF (converted too, said on the load line as not
-verified). A mixture of experts is refused whatever its architecture: llama.cpp writes Mixtral as llama, whose
-experts no llama model would read (a tensor the import does not use is an error: offspec/formats/gguf_import.py).
+verified). Mixtures of experts: qwen3moe, qwen2moe and Mixtral (llama.cpp writes it as llama with stacked experts,
+which offspec reads as Mixtral) run; any other (gpt-oss, deepseek2, glm4moe, ...) is refused whatever transformers
+reads, and so is a llama file with experts but without the metadata llama.cpp needs to route them.
 Types: those the kernels compute with, and those gguf can decode exactly.
 """
 
@@ -21,8 +22,12 @@ from offspec.formats.gguf_config import FAMILIES
 
 from .convert import failure_reason
 
-# the GGUF architecture names of offspec's families (transformers' model type "gemma3_text" is gguf's "gemma3")
-FAMILY_ARCHS = frozenset(a for a in FAMILIES if a != "gemma3_text") - {"mistral"}
+# the GGUF architecture names of offspec's families (transformers' model type "gemma3_text" is gguf's "gemma3";
+# llama.cpp writes mistral and mixtral as llama)
+_GGUF_ARCH = {"gemma3_text": "gemma3", "mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe",
+              "qwen2_moe": "qwen2moe"}
+FAMILY_ARCHS = frozenset(_GGUF_ARCH.get(a, a) for a in FAMILIES)
+MOE_ARCHS = ("qwen3moe", "qwen2moe", "llama")  # the mixtures offspec runs (llama: Mixtral)
 
 
 def _readable(type_id: int) -> bool:
@@ -70,10 +75,16 @@ def check_gguf(path: Path, role: str) -> str:
     field = reader.fields.get("general.architecture")
     arch = str(field.contents()) if field is not None else ""
     experts = expert_count(reader, arch)
-    if experts:
-        kind = "a llama file with experts: Mixtral, as llama.cpp writes it" if arch == "llama" else arch
-        raise OffspecError(f"{role} model {path.name} is a mixture of experts ({kind}, {experts} experts a layer), "
-                           f"which offspec cannot run yet; use a dense model's GGUF (e.g. Qwen2.5, Llama 3, Gemma 3)")
+    if experts and arch not in MOE_ARCHS:
+        raise OffspecError(f"{role} model {path.name} is a mixture of experts ({arch}, {experts} experts a layer), "
+                           f"which offspec cannot run yet; it runs qwen3moe, qwen2moe and Mixtral mixtures, and "
+                           f"dense GGUFs (e.g. Qwen2.5, Llama 3, Gemma 3)")
+    missing = [k for k in ("expert_count", "expert_used_count") if experts and f"{arch}.{k}" not in reader.fields]
+    if missing:
+        kind = "a llama file with experts (Mixtral, as llama.cpp writes it)" if arch == "llama" else arch
+        raise OffspecError(f"{role} model {path.name} is a mixture of experts ({kind}, {experts} experts a layer) "
+                           f"without its {arch}.{missing[0]} metadata, which routing needs; convert it again with "
+                           f"llama.cpp's convert_hf_to_gguf.py")
     if arch not in FAMILY_ARCHS and arch not in GGUF_SUPPORTED_ARCHITECTURES:
         raise OffspecError(f"{role} model {path.name} has the architecture {arch or '(none)'!r}, which offspec cannot "
                            f"run; it runs {', '.join(sorted(FAMILY_ARCHS | {'mistral'}))} GGUFs")

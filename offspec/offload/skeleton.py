@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from offspec.errors import OffspecError
+from offspec.formats.experts import EXPERT_NAME, replace_moe
 from offspec.formats.modules import QEmbedding, QLinear, replace_embedding, replace_linear
 from offspec.formats.quantize import weight_type
 from offspec.store.packed import LayerSpec, PackedSet, plan_extra, plan_layer
@@ -112,9 +113,11 @@ def from_store(path: Path, packed: PackedSet, dtype: torch.dtype, attn_implement
     quantized: list[str] = []
     for layer, spec in zip(layers, packed.layers):
         quantized = []
+        moe = _replace_moe(layer, model.config, spec)
         for t in spec.tensors:
             if t.ggml >= 0:
-                replace_linear(layer, t.name.removesuffix(".qweight"), t.ggml, META)
+                if t.name not in moe:
+                    replace_linear(layer, t.name.removesuffix(".qweight"), t.ggml, META)
                 quantized.append(t.name.removesuffix(".qweight"))
     stored = {t.name: t for e in packed.extras.values() for t in e.tensors}
     emb_name = _module_name(model, model.get_input_embeddings())
@@ -127,6 +130,21 @@ def from_store(path: Path, packed: PackedSet, dtype: torch.dtype, attn_implement
     tied = head is None
     replace_linear(model, head_name, (emb if tied else head).ggml, META)
     return Skeleton(model, layers, prefix, "ggml", quantized, list(packed.layers), dict(packed.extras), tied)
+
+
+def _replace_moe(layer: nn.Module, config: Any, spec: LayerSpec) -> set[str]:
+    """Give a mixture-of-experts layer its QExperts and QRouter of the stored types; returns the stored names they
+    hold (empty for a dense layer)."""
+    experts = {t.name: (t.ggml, t.shape[0], t.cols) for t in spec.tensors if EXPERT_NAME.match(t.name)}
+    if not experts:
+        return set()
+    routers = {t.name: t.ggml for t in spec.tensors if t.name.endswith(".gate.qweight")
+               and type(layer.get_submodule(t.name.removesuffix(".qweight"))).__name__.endswith("TopKRouter")}
+    if len(routers) != 1:
+        raise OffspecError(f"a mixture-of-experts layer of the weight store has {len(routers)} stored routers; "
+                           f"delete the model's cache entry and start again to rebuild it")
+    replace_moe(layer, config, experts, META, next(iter(routers.values())))
+    return set(experts) | set(routers)
 
 
 def from_checkpoint(path: Path, dtype: torch.dtype, attn_implementation: str, quant: str, device: torch.device,

@@ -242,7 +242,11 @@ def save_shape_twin(path: Path, layers: int = 2, hidden: int = 8192, inter: int 
 
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
-GGUF_ARCH = {"mistral": "llama"}  # llama.cpp writes Mistral as llama (transformers tells them apart by the name)
+# mixtures of experts: a router and stacked experts in place of each layer's dense FFN (qwen2moe: a shared expert
+# with its own sigmoid gate beside them)
+MOE_FAMILIES = ("qwen3moe", "qwen2moe", "mixtral")
+# llama.cpp writes Mistral and Mixtral as llama (transformers tells Mistral apart by the name; Mixtral by its experts)
+GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
 
 
 def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int = 256, layers: int = 2,
@@ -250,7 +254,8 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
                    noise: float = 0.0, tied: bool = False, logit_scale: float = 3.0, vocab_extra: int = 0,
                    head_dim: int | None = None, window: int = 8, rotary: int | None = None,
                    softcap: tuple[float, float] = (50.0, 30.0), rope_freqs: np.ndarray | None = None,
-                   experts: int = 0, expert_metadata: bool = True, extra: dict | None = None) -> Path:
+                   experts: int = 0, expert_metadata: bool = True, extra: dict | None = None,
+                   expert_used: int = 2, expert_inter: int = 256) -> Path:
     """Write a tiny `arch` GGUF to `path` (a .gguf file). `types` maps "linear", "down", "v", "embed", "output"
     to ggml type names (defaults: a Q4_K_M-like mix); `logit_scale` multiplies the LM head's block scales (> 1:
     sharper next-token distributions, so a noisy draft agrees with the target more often); `vocab_extra` adds
@@ -258,14 +263,20 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     gemma); `window`: the sliding window of gemma's local layers (small, so short prompts reach past it);
     `rotary`: phi3's rotary dims per head (default: half the head, a partial rotary); `softcap`: gemma2's
     attention and final logit soft-capping; `rope_freqs`: llama 3.1's rope frequency factors, as a tensor (phi3: its
-    longrope factors, as both the long and the short set). `experts` (llama): a Mixtral file as llama.cpp writes it,
-    a router (`ffn_gate_inp`) and stacked F32 experts (`ffn_*_exps`) in place of the dense FFN, and the
-    `llama.expert_count` metadata unless `expert_metadata` is False; `extra`: more F32 tensors, by name."""
+    longrope factors, as both the long and the short set). `experts` (llama): stacked F32 experts in a plain llama
+    file (`ffn_*_exps`), the `llama.expert_count` metadata unless `expert_metadata` is False; `extra`: more F32
+    tensors, by name. The MoE families (`MOE_FAMILIES`; `experts` defaults to 8) hold, per layer, an F32 router
+    (`ffn_gate_inp`) and stacked experts of `expert_inter` rows (`ffn_{gate,up,down}_exps`, ggml's (cols, rows,
+    experts): `types["experts"]` for gate and up, `types["down_exps"]` for down), `expert_used` chosen per token;
+    qwen2moe also a shared expert (`ffn_*_shexp`, `inter` rows) and its F32 gate (`ffn_gate_inp_shexp`)."""
     import gguf
 
-    if arch not in FAMILIES:
-        raise ValueError(f"unknown tiny family {arch!r}; one of {FAMILIES}")
-    types = {"linear": "Q4_K", "down": "Q6_K", "v": "Q6_K", "embed": "Q4_K", "output": "Q6_K", **(types or {})}
+    if arch not in FAMILIES + MOE_FAMILIES:
+        raise ValueError(f"unknown tiny family {arch!r}; one of {FAMILIES + MOE_FAMILIES}")
+    types = {"linear": "Q4_K", "down": "Q6_K", "v": "Q6_K", "embed": "Q4_K", "output": "Q6_K", "experts": "Q4_K",
+             "down_exps": "Q6_K", **(types or {})}
+    moe = arch in MOE_FAMILIES
+    experts = experts or (8 if moe else 0)
     from .tiny import BASE_VOCAB
 
     gemma = arch.startswith("gemma")
@@ -285,7 +296,8 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
         return encode(values, type_name)
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(arch, arch))
-    w.add_name(f"Mistral-tiny-{seed}" if arch == "mistral" else f"tiny-{arch}-{seed}")  # as Mistral's files are named
+    names = {"mistral": f"Mistral-tiny-{seed}", "mixtral": f"Mixtral-tiny-{seed}"}
+    w.add_name(names.get(arch, f"tiny-{arch}-{seed}"))  # as Mistral's files are named
     w.add_block_count(layers)
     w.add_context_length(512)
     w.add_embedding_length(hidden)
@@ -294,7 +306,7 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1_000_000.0 if arch == "gemma3" else 10000.0)
-    if arch in ("qwen3", "gemma2", "gemma3"):
+    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if gemma:
@@ -308,7 +320,11 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
         w.add_rope_dimension_count(rotary or head_dim // 2)
     if experts and expert_metadata:
         w.add_expert_count(experts)
-        w.add_expert_used_count(2)
+        w.add_expert_used_count(expert_used)
+    if moe and arch != "mixtral":  # llama.cpp's mixtral reads its experts' rows from the tensors
+        w.add_expert_feed_forward_length(expert_inter)
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(inter)
     _add_tokenizer(w, vocab)
 
     def add(name: str, raw: np.ndarray, type_name: str, cols: int) -> None:
@@ -328,7 +344,7 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
         if gemma:
             floats(p + "post_attention_norm.weight", hidden)
             floats(p + "post_ffw_norm.weight", hidden)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
             floats(p + "attn_q_norm.weight", head_dim)
             floats(p + "attn_k_norm.weight", head_dim)
         if arch == "phi3":  # q|k|v and gate|up, fused
@@ -337,9 +353,22 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
         else:
             for n, rows, t in (("attn_q", q_rows, "linear"), ("attn_k", kv_rows, "linear"), ("attn_v", kv_rows, "v")):
                 add(p + n + ".weight", blocks(n, rows, hidden, types[t]), types[t], hidden)
-                if arch == "qwen2":
+                if arch in ("qwen2", "qwen2moe"):
                     floats(p + n + ".bias", rows, mean=0.0)
         add(p + "attn_output.weight", blocks("attn_output", hidden, q_rows, types["linear"]), types["linear"], q_rows)
+        if moe:  # ggml's (cols, rows, experts): (experts, rows, row_bytes) blocks
+            w.add_tensor(p + "ffn_gate_inp.weight", rng.normal(0, 0.5, (experts, hidden)).astype(np.float32))
+            for n, rows, cols, t in (("ffn_gate_exps", expert_inter, hidden, "experts"),
+                                     ("ffn_up_exps", expert_inter, hidden, "experts"),
+                                     ("ffn_down_exps", hidden, expert_inter, "down_exps")):
+                stacked = np.stack([blocks(n, rows, cols, types[t]) for _ in range(experts)])
+                add(p + n + ".weight", stacked, types[t], cols)
+            if arch == "qwen2moe":
+                floats(p + "ffn_gate_inp_shexp.weight", hidden, mean=0.0)
+                for n in ("ffn_gate_shexp", "ffn_up_shexp"):
+                    add(p + n + ".weight", blocks(n, inter, hidden, types["linear"]), types["linear"], hidden)
+                add(p + "ffn_down_shexp.weight", blocks("down", hidden, inter, types["down"]), types["down"], inter)
+            continue
         if experts:  # (experts, rows, cols) each, ggml's (cols, rows, experts)
             w.add_tensor(p + "ffn_gate_inp.weight", rng.normal(0, 0.2, (experts, hidden)).astype(np.float32))
             for n, rows, cols in (("ffn_gate_exps", inter, hidden), ("ffn_up_exps", inter, hidden),

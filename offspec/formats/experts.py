@@ -1,0 +1,168 @@
+"""Mixture-of-experts layers on ggml blocks: the router and the experts of qwen3moe, qwen2moe and Mixtral.
+
+transformers keeps a layer's experts as two stacked float tensors (`gate_up_proj` (experts, 2 * inter, hidden),
+`down_proj` (experts, hidden, inter)) and routes with a float `F.linear`. offspec keeps the GGUF's blocks:
+- `QExperts` holds one `QExpert` per expert, its gate, up and down projections `QLinear`s of the file's types, so
+  each expert's blocks are stored together (`mlp.experts.<e>.{gate,up,down}_proj.qweight`) and one read of a layer
+  payload's range fetches one expert;
+- `QRouter` is a `QLinear` of the router's F32 rows (llama.cpp keeps routers F32) whose forward routes as
+  transformers' top-k routers do: a softmax over the experts, the top k, renormalized where the family does.
+
+Exactness: the router's F32 rows multiply in float, row by row (qgemm's float path), each expert's projections
+are the row-invariant kernels, and a token sums its experts' outputs in ascending expert order whatever else is in
+the pass (as transformers' loop does). So a token's output has the same bits whether 1 or 40 tokens are routed
+with it: a tree node equals the token decoded alone. One more step needs care: qwen2moe's shared expert is scaled by
+the sigmoid of a (T, 1) gate, and torch's sigmoid gives some values other bits in a large tensor than alone (6 of
+300 rows here); `invariant_sigmoid` computes 1 / (1 + exp(-x)) with each row spread over a whole vector of its own.
+
+`replace_moe(layer, ...)` swaps them into a weightless transformers layer; `moe_paths(names)` finds, from a layer's
+stored tensor names, where its experts and router live.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .modules import QLinear
+
+EXPERT_NAME = re.compile(r"^(?P<owner>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.qweight$")
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # an expert's stored order: one expert's blocks together
+
+
+class QRouter(QLinear):
+    """A top-k router: logits = x W^T on W's F32 (or low-bit) rows, then transformers' routing; its forward returns
+    (logits (T, E), weights (T, k), experts (T, k)) as transformers' routers do."""
+
+    def __init__(self, type_id: int, hidden: int, experts: int, top_k: int, normalize: bool, device: torch.device):
+        super().__init__(type_id, hidden, experts, False, device)
+        self.top_k, self.normalize = top_k, normalize
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = super().forward(x.reshape(-1, self.in_features))  # (T, E)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (T, E)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)  # (T, k) each
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return logits, weights.to(logits.dtype), experts
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, top_k={self.top_k}, normalize={self.normalize}"
+
+
+class QExpert(nn.Module):
+    """One expert: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, gate: QLinear, up: QLinear, down: QLinear):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate, up, down
+
+
+class QExperts(nn.Module):
+    """A layer's experts; forward(x (T, H), experts (T, k), weights (T, k)) -> (T, H), as transformers' experts."""
+
+    def __init__(self, experts: list[QExpert], act: nn.Module):
+        super().__init__()
+        for e, expert in enumerate(experts):  # children "0", "1", ...: the stored names' "experts.<e>.gate_proj"
+            self.add_module(str(e), expert)
+        self.experts = tuple(experts)  # a plain tuple: not registered twice
+        self.act_fn = act
+
+    def __len__(self) -> int:
+        return len(self.experts)
+
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)  # (T, H)
+        routed = top_k_index.tolist()  # CPU sync: which experts run is decided here (T lists of k)
+        by_expert: dict[int, list[tuple[int, int]]] = {}
+        for token, chosen in enumerate(routed):
+            for slot, e in enumerate(chosen):
+                by_expert.setdefault(int(e), []).append((token, slot))
+        for e in sorted(by_expert):  # ascending: a token adds its experts in the same order in any pass
+            tokens = torch.tensor([t for t, _ in by_expert[e]])  # (n,)
+            slots = torch.tensor([s for _, s in by_expert[e]])  # (n,)
+            expert = self.experts[e]
+            rows = x[tokens]  # (n, H)
+            y = expert.down_proj(self.act_fn(expert.gate_proj(rows)) * expert.up_proj(rows))  # (n, H)
+            out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None].to(y.dtype))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{len(self.experts)} experts"
+
+
+_LANES = 16  # floats in an AVX-512 vector (two AVX2 ones): a row this wide is computed whole in vector lanes
+
+
+def invariant_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """sigmoid of a (T, 1) tensor, each row's bits its own: the row spread over a whole vector (see the module)."""
+    wide = x.expand(-1, _LANES).contiguous()  # (T, 16)
+    return (1.0 / (1.0 + torch.exp(-wide)))[:, :1]  # (T, 1)
+
+
+def shared_block_forward(block: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Qwen2MoeSparseMoeBlock's forward (routed experts plus a shared expert scaled by its sigmoid gate), with
+    `invariant_sigmoid`."""
+    batch, seq, hidden = hidden_states.shape
+    x = hidden_states.view(-1, hidden)  # (T, H)
+    shared = block.shared_expert(x)  # (T, H)
+    _, weights, experts = block.gate(x)
+    routed = block.experts(x, experts, weights)  # (T, H)
+    out = routed + invariant_sigmoid(block.shared_expert_gate(x)) * shared
+    return out.reshape(batch, seq, hidden)
+
+
+def moe_paths(names: list[str]) -> dict[str, dict[int, dict[str, str]]]:
+    """{experts module path: {expert: {projection: stored name}}} of a layer's stored tensor names."""
+    out: dict[str, dict[int, dict[str, str]]] = {}
+    for name in names:
+        m = EXPERT_NAME.match(name)
+        if m:
+            out.setdefault(m["owner"], {}).setdefault(int(m["e"]), {})[m["proj"]] = name
+    return out
+
+
+def _routing(config, block: nn.Module) -> tuple[int, bool]:
+    """(top k, renormalized) of a sparse block's router, as transformers' router of `config` routes."""
+    router = block.gate
+    top_k = int(getattr(router, "top_k", 0) or config.num_experts_per_tok)
+    normalize = getattr(router, "norm_topk_prob", None)
+    if normalize is None:  # Mixtral's router always renormalizes
+        normalize = type(router).__name__.startswith("Mixtral")
+    return top_k, bool(normalize)
+
+
+def replace_moe(layer: nn.Module, config, stored: dict[str, tuple[int, int, int]], device: torch.device,
+                router_type: Optional[int]) -> None:
+    """Swap `layer`'s experts and router for QExperts / QRouter, empty, of the stored types: `stored` maps a stored
+    expert tensor name to (ggml type, rows, cols); `router_type` the router's ggml type (None: no stored router)."""
+    for owner, experts in moe_paths(list(stored)).items():
+        block_path = owner.rpartition(".")[0]
+        block = layer.get_submodule(block_path)
+        old = block.experts
+        made = []
+        for e in range(len(experts)):
+            if e not in experts or set(experts[e]) != set(PROJECTIONS):
+                raise ValueError(f"{owner}: expert {e} is not stored whole")
+            linears = []
+            for proj in PROJECTIONS:
+                type_id, rows, cols = stored[experts[e][proj]]
+                linears.append(QLinear(type_id, cols, rows, False, device))
+            made.append(QExpert(*linears))
+        num = getattr(old, "num_experts", None) or getattr(config, "num_experts", None) or \
+            getattr(config, "num_local_experts")
+        if len(made) != num:
+            raise ValueError(f"{owner}: {len(made)} experts stored, the config has {num}")
+        top_k, normalize = _routing(config, block)
+        block.experts = QExperts(made, old.act_fn)
+        if hasattr(block, "shared_expert_gate"):
+            if type(block).__name__ != "Qwen2MoeSparseMoeBlock":
+                raise ValueError(f"{block_path}: a shared expert offspec does not know ({type(block).__name__})")
+            block.forward = types.MethodType(shared_block_forward, block)
+        if router_type is not None:
+            hidden = made[0].gate_proj.in_features
+            block.gate = QRouter(router_type, hidden, len(made), top_k, normalize, device)
