@@ -263,6 +263,11 @@ class OffloadConfig:
     # a CPU's LM head: "auto" (read from SSD in every pass where the budget cannot keep it with every layer
     # streamed), "always" or "never" (offspec/offload/head.py)
     stream_head: str = "auto"
+    # a mixture of experts that does not fit: "auto" keeps every layer's dense part resident and reads its experts
+    # from SSD as routed into an expert cache (offspec/offload/experts.py), where the budget holds one layer's
+    # experts beside them; "whole" streams its layers whole, every expert of them, as a dense model's
+    experts: str = "auto"
+    expert_policy: str = "lru"  # which cached expert makes room: "lru" (least recently used) or "lfu" (least routed)
     max_context: int = 4096  # tokens of conversation the caches hold (capped by the model's own limit)
     max_budget: int = 4096  # the largest tree budget a call may ask for (the KV caches reserve room for it)
     # tuning and what the loader derives (no options of offspec.load)
@@ -319,13 +324,18 @@ class OffloadConfig:
             raise OffspecError(f"verify must be first, always or never, got {self.verify!r}")
         if self.stream_head not in ("auto", "always", "never"):
             raise OffspecError(f"stream_head must be auto, always or never, got {self.stream_head!r}")
+        if self.experts not in ("auto", "whole"):
+            raise OffspecError(f"experts must be auto or whole, got {self.experts!r}")
+        if self.expert_policy not in ("lru", "lfu"):
+            raise OffspecError(f"expert_policy must be lru or lfu, got {self.expert_policy!r}")
         return self
 
 
 @dataclass(frozen=True)
 class LoadConfig:
     """Which models to load, where and how. Built from `offspec.load`'s keywords (the CLI's flags) by field
-    name, the offloading ones (device_mem, ram_mem, quant, draft_quant, offload_dir, stream_head, max_context,
+    name, the offloading ones (device_mem, ram_mem, quant, draft_quant, offload_dir, stream_head, experts,
+    expert_policy, max_context,
     max_budget) into `offload` (`split_options`)."""
 
     target: Optional[str] = None  # None = the built-in default target

@@ -215,9 +215,9 @@ def test_greedy_is_the_same_resident_streamed_and_speculative(cache, ggufs, fami
     resident = offspec.load(target, draft, **LOAD)
     plain = resident.generate(PROMPT, max_new_tokens=40, speculate=False)
     with pytest.raises(OffspecError) as info:  # the smallest budget offspec accepts streams every layer
-        offspec.load(target, draft, device_mem="1KB", offload_dir=str(tmp_path), **LOAD)
+        offspec.load(target, draft, device_mem="1KB", offload_dir=str(tmp_path), experts="whole", **LOAD)
     budget = re.search(r"--device-mem (\S+)", str(info.value))[1]
-    streamed = offspec.load(target, draft, device_mem=budget, offload_dir=str(tmp_path), **LOAD)
+    streamed = offspec.load(target, draft, device_mem=budget, offload_dir=str(tmp_path), experts="whole", **LOAD)
     assert streamed.info.extra["placement"]["layers"]["ssd"] >= 1
     assert streamed.generate(PROMPT, max_new_tokens=40, speculate=False).token_ids == plain.token_ids
     accepted = 0
@@ -305,3 +305,89 @@ def test_a_mixtral_file_runs_as_mixtral_with_every_expert(cache, tmp_path):
     import gguf as gguf_py
 
     assert names == {t.name for t in gguf_py.GGUFReader(str(path)).tensors}  # every tensor of the file, none left
+
+
+def _tight(target: str, draft: str, tmp_path: Path, **options):
+    """`target` loaded under 3 MB more than the smallest --device-mem offspec accepts for it (its error's
+    suggestion, for layers streamed whole): the tiny files' dense parts are most of a layer (8 small experts)."""
+    import re
+
+    from offspec.util.sizes import parse_size
+
+    with pytest.raises(OffspecError) as info:
+        offspec.load(target, draft, device_mem="1KB", offload_dir=str(tmp_path), **options, **LOAD)
+    budget = parse_size(re.search(r"--device-mem (\S+)", str(info.value))[1], "device_mem") + 3 * 2**20
+    return offspec.load(target, draft, device_mem=budget, offload_dir=str(tmp_path), **options, **LOAD)
+
+
+@pytest.mark.parametrize("family", [f if f == "qwen3moe" else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in MOE_FAMILIES])
+@pytest.mark.parametrize("policy", ["lru", pytest.param("lfu", marks=pytest.mark.slow)])
+def test_routed_experts_read_from_ssd_give_the_resident_greedy_output(cache, ggufs, family, policy, tmp_path):
+    """Under a tight budget, every dense part stays resident and the experts are read as routed into a cache
+    of what is left (fewer slots than experts): greedy and speculative output are the resident model's, and each
+    pass counts the experts it ran and the cache's hits."""
+    target, draft = str(ggufs[family + "-deep"]), str(ggufs[family + "-draft"])
+    plain = offspec.load(target, draft, **LOAD).generate(PROMPT, max_new_tokens=40, speculate=False).token_ids
+    gen = _tight(target, draft, tmp_path, expert_policy=policy)
+    placement = gen.info.extra["placement"]
+    assert placement["layers"]["device"] == 8 and placement["expert_cache_bytes"] > 0
+    experts = gen.engine.target.io
+    assert 8 <= experts.slots < 8 * 8 and experts.policy == policy  # one layer's experts, not all of them
+    before = experts.read_bytes
+    alone = gen.generate(PROMPT, max_new_tokens=40, speculate=False)
+    assert alone.token_ids == plain
+    routed = [p.experts_routed for p in alone.passes]
+    assert all(2 * 8 <= r <= 8 * 8 for r in routed[1:])  # 2 to 8 experts in each of 8 layers per one-token pass
+    assert 0 < sum(p.expert_hits for p in alone.passes) < sum(routed)
+    # the decoding passes' reads, of all the call read (its prompt's prefill too)
+    assert 0 < sum(p.bytes_streamed for p in alone.passes) < experts.read_bytes - before
+    for nodes in (1, 16):
+        assert gen.generate(PROMPT, max_new_tokens=40, budget=nodes).token_ids == plain, nodes
+
+
+def _cache_file(path: Path, experts: int, nbytes: int) -> tuple:
+    """A packed-like file: the header, then `experts` ranges of `nbytes`, range e filled with byte e."""
+    import zlib
+
+    from offspec.store.packed import HEADER
+
+    data = bytearray(HEADER) + b"".join(bytes([e]) * nbytes for e in range(experts))
+    path.write_bytes(bytes(data))
+    return tuple((e * nbytes, nbytes, zlib.crc32(bytes([e]) * nbytes)) for e in range(experts))
+
+
+@pytest.mark.parametrize("policy, reads, hits", [
+    ("lru", 8, 3),  # 3 pushes out 2, 4 pushes out 0, 2 pushes out 1: the last call reads 0 and 1 again
+    ("lfu", 6, 5),  # 3 pushes out 2 (routed once), 4 pushes out 3, 2 pushes out 4: 0 and 1 (routed most) stay
+])
+def test_the_expert_cache_reads_and_hits_exactly_as_its_policy_says(tmp_path, policy, reads, hits):
+    from offspec.offload.diskio import FileReader
+    from offspec.offload.experts import ExpertCache
+
+    ranges = _cache_file(tmp_path / "layer.bin", 6, 4096)
+    cache = ExpertCache(3 * 4096, 4096, FileReader(), policy=policy)
+    cache.register(0, tmp_path / "layer.bin", ranges)
+    for call in ([0, 1], [1, 2], [0, 1], [3], [4], [2], [0, 1]):  # 3 slots
+        views = cache.fetch(0, call)
+        assert sorted(views) == call and all(bool((views[e] == e).all()) for e in call)  # each expert's own bytes
+    assert (cache.reads, cache.hits, cache.asked) == (reads, hits, 11)
+    assert {e for (_, e) in cache.slot_of} == {0, 1, 2}
+    assert cache.read_bytes == reads * 4096 and cache.counters()[0] == reads * 4096
+
+
+def test_a_damaged_expert_read_as_routed_is_one_line_and_marks_the_store(tmp_path):
+    from offspec.offload.diskio import FileReader
+    from offspec.offload.experts import ExpertCache
+
+    ranges = _cache_file(tmp_path / "layer.bin", 4, 4096)
+    data = bytearray((tmp_path / "layer.bin").read_bytes())
+    data[4096 + 2 * 4096 + 7] ^= 0xFF  # one byte of expert 2
+    (tmp_path / "layer.bin").write_bytes(bytes(data))
+    marked = []
+    cache = ExpertCache(4 * 4096, 4096, FileReader(), on_corrupt=lambda: marked.append(1) or "rebuilt next start")
+    cache.register(3, tmp_path / "layer.bin", ranges)
+    assert sorted(cache.fetch(3, [0, 1])) == [0, 1]
+    with pytest.raises(OffspecError, match=r"layer.bin is corrupt \(expert 2: checksum mismatch\); rebuilt next"):
+        cache.fetch(3, [2])
+    assert marked == [1]

@@ -62,6 +62,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--offload-dir", metavar="DIR", help="where packed per-layer files live (default: the cache dir)")
     o.add_argument("--stream-head", choices=["auto", "always", "never"], help="on a CPU, read the target's LM head "
                    "from SSD in every pass (default auto: where the budget cannot keep it with every layer streamed)")
+    o.add_argument("--experts", choices=["auto", "whole"], help="a mixture of experts that does not fit: auto (the "
+                   "default) keeps the dense parts resident and reads the routed experts from SSD into a cache; whole "
+                   "streams its layers whole")
+    o.add_argument("--expert-policy", choices=["lru", "lfu"], help="which cached expert makes room: lru (the "
+                   "default: least recently used) or lfu (least often routed)")
     t = p.add_argument_group("speculation tree")
     t.add_argument("--budget", type=_budget_arg, help="draft tokens per tree, or auto (the default: planned from "
                    "this machine's measured profile, see `offspec profile`, else a quick start-up estimate)")

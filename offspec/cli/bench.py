@@ -126,6 +126,9 @@ def run_one(generator, setup: Setup, prompt: str, *, max_new_tokens: int, temper
             "io_wait_seconds": sum(p.io_wait_seconds for p in result.passes),
             "bytes_streamed": sum(p.bytes_streamed for p in result.passes),
             "grown_nodes": sum(p.grown_nodes for p in result.passes),  # drafted while the weights loaded
+            # a mixture whose experts are read as routed: (layer, expert) pairs run, and those the cache held
+            "experts_routed": sum(p.experts_routed for p in result.passes),
+            "expert_hits": sum(p.expert_hits for p in result.passes),
             "budgets": sorted({p.budget for p in result.passes}), "token_ids": result.token_ids}
 
 
@@ -293,6 +296,7 @@ def summarize(runs: list[dict]) -> dict:
         # achieved weight-streaming bandwidth over the target passes (bytes/s; 0 when nothing streams)
         "stream_bandwidth": (sum(r["bytes_streamed"] for r in runs) / target_seconds) if target_seconds else 0.0,
         "budgets": sorted({b for r in runs for b in r["budgets"]}),
+        **_expert_summary(runs, tokens),
         "drafters": {d: sum(r.get("drafters", {}).get(d, 0) for r in runs)
                      for d in sorted({d for r in runs for d in r.get("drafters", {})})},
         "runs": runs,
@@ -307,6 +311,16 @@ def summarize(runs: list[dict]) -> dict:
     if peer:
         summary["outputs_unlike_ar"] = peer.count(False)  # a peer's own numerics (see run_bench)
     return summary
+
+
+def _expert_summary(runs: list[dict], tokens: int) -> dict:
+    """Experts read per token and the expert cache's hit rate, where a mixture's experts are read as routed."""
+    routed = sum(r.get("experts_routed", 0) for r in runs)
+    if not routed:
+        return {}
+    hits = sum(r.get("expert_hits", 0) for r in runs)
+    return {"experts_routed_per_token": routed / tokens if tokens else 0.0,
+            "experts_read_per_token": (routed - hits) / tokens if tokens else 0.0, "expert_hit_rate": hits / routed}
 
 
 def _decode_rate(runs: list[dict]) -> Optional[float]:
@@ -342,6 +356,11 @@ def markdown_table(report: dict) -> str:
         decode = s.get("decode_tokens_per_second")  # None: not split (hf, or a report from before the split)
         lines.append(f"| {label} | {s['prompts']} | {s['tokens_per_pass']:.2f} | {s['tokens_per_second']:.2f} | "
                      f"{'-' if decode is None else f'{decode:.2f}'} | {speedup} | {split} | {shares} | {_mismatches(s)} |")
+    for name, s in setups.items():
+        if "expert_hit_rate" in s:
+            lines.append(f"\n{name}: {s['experts_routed_per_token']:.1f} experts routed per token, "
+                         f"{s['experts_read_per_token']:.1f} of them read from SSD (expert cache hit rate "
+                         f"{s['expert_hit_rate']:.0%})")
     lines += machine_notes(report)
     return "\n".join(lines) + "\n"
 

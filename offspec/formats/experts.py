@@ -71,6 +71,27 @@ class QExperts(nn.Module):
             self.add_module(str(e), expert)
         self.experts = tuple(experts)  # a plain tuple: not registered twice
         self.act_fn = act
+        # where the experts are read as routed (offspec/offload/experts.py): an object whose fetch(experts) gives
+        # {expert: (nbytes,) uint8 view of its range}, and per expert its projections' (offset, nbytes) in the
+        # range; their weights are then bound for each call only
+        self.stream = None
+        self.layout: list[tuple[tuple[int, int], ...]] = []
+
+    def read_as_routed(self, stream, layout: list[tuple[tuple[int, int], ...]]) -> None:
+        """Read the experts through `stream` from now on (`layout`: per expert, its gate, up and down (offset,
+        nbytes) in its range)."""
+        self.stream, self.layout = stream, layout
+
+    def _bind(self, views: dict[int, torch.Tensor]) -> list[tuple[QLinear, torch.Tensor]]:
+        """Bind the fetched experts' weights to their views; returns what to put back."""
+        held = []
+        for e, view in views.items():
+            expert = self.experts[e]
+            for linear, (offset, nbytes) in zip((expert.gate_proj, expert.up_proj, expert.down_proj), self.layout[e]):
+                shape = linear._buffers["qweight"].shape
+                held.append((linear, linear._buffers["qweight"]))
+                linear._buffers["qweight"] = view[offset : offset + nbytes].view(shape)
+        return held
 
     def __len__(self) -> int:
         return len(self.experts)
@@ -82,6 +103,15 @@ class QExperts(nn.Module):
         for token, chosen in enumerate(routed):
             for slot, e in enumerate(chosen):
                 by_expert.setdefault(int(e), []).append((token, slot))
+        held = self._bind(self.stream.fetch(sorted(by_expert))) if self.stream is not None else []
+        try:
+            self._run(x, by_expert, top_k_weights, out)
+        finally:
+            for linear, placeholder in held:  # the routed experts' views go: the cache may reuse their slots
+                linear._buffers["qweight"] = placeholder
+        return out
+
+    def _run(self, x: torch.Tensor, by_expert: dict, top_k_weights: torch.Tensor, out: torch.Tensor) -> None:
         for e in sorted(by_expert):  # ascending: a token adds its experts in the same order in any pass
             tokens = torch.tensor([t for t, _ in by_expert[e]])  # (n,)
             slots = torch.tensor([s for _, s in by_expert[e]])  # (n,)
@@ -89,7 +119,6 @@ class QExperts(nn.Module):
             rows = x[tokens]  # (n, H)
             y = expert.down_proj(self.act_fn(expert.gate_proj(rows)) * expert.up_proj(rows))  # (n, H)
             out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None].to(y.dtype))
-        return out
 
     def extra_repr(self) -> str:
         return f"{len(self.experts)} experts"
@@ -124,6 +153,13 @@ def moe_paths(names: list[str]) -> dict[str, dict[int, dict[str, str]]]:
         if m:
             out.setdefault(m["owner"], {}).setdefault(int(m["e"]), {})[m["proj"]] = name
     return out
+
+
+def expert_groups(names: list[str]) -> list[list[str]]:
+    """A layer's experts as groups of stored names read apart (offspec.store.packed.plan_layer's `groups`): each
+    expert's gate, up and down, expert by expert; [] for a dense layer."""
+    return [[stored[proj] for proj in PROJECTIONS] for _, experts in sorted(moe_paths(names).items())
+            for _, stored in sorted(experts.items())]
 
 
 def _routing(config, block: nn.Module) -> tuple[int, bool]:

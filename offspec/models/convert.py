@@ -32,6 +32,7 @@ from typing import Any, Optional
 import numpy as np
 
 from offspec.errors import OffspecError
+from offspec.formats.experts import expert_groups
 from offspec.formats.gguf_config import complete_config, gguf_fields, mixtral_config
 from offspec.formats.gguf_import import (ImportUnsupported, check_every_tensor_used, plan_import, processor_for,
                                          tensors_of)
@@ -87,7 +88,8 @@ def _build_store(gguf: Path, tmp: Path, key: str, name: str, progress: ProgressF
         GenerationConfig.from_model_config(config).save_pretrained(tmp)
     del tokenizer
     processor = processor_for(plan)
-    layers = [plan_layer(i, [t.entry() for t in tensors]) for i, tensors in enumerate(plan.layers)]
+    layers = [plan_layer(i, [t.entry() for t in tensors], groups=expert_groups([t.name for t in tensors]))
+              for i, tensors in enumerate(plan.layers)]
     extras = {"other": (plan_extra("other", [t.entry() for t in plan.other]),
                         lambda: tensors_of(plan.other, processor))}
     if plan.embed:

@@ -23,6 +23,7 @@ from torch import nn
 
 from offspec.errors import OffspecError
 from offspec.formats import kernels
+from offspec.formats.experts import PROJECTIONS, QExperts
 from offspec.formats.modules import QEmbedding, QLinear
 from offspec.progress import ProgressEvent, ProgressFn
 from offspec.store.packed import HEADER, LayerSpec, PackedSet, dtype_of, mark_corrupt, payload_crc
@@ -31,6 +32,7 @@ from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_line
 from .checkpoint import Checkpoint
 from .config import OffloadConfig
 from .diskio import FileReader, aligned_empty
+from .experts import ExpertCache, ExpertStream
 from .hostmem import MADV_RANDOM, advise, trim_heap
 from .head import StreamedHead, chunk_crcs
 from .placement import Placement
@@ -113,7 +115,8 @@ def _map_payload(path: Path, spec: LayerSpec) -> torch.Tensor:
 
 
 def _file_crc(path: Path, spec: LayerSpec) -> int:
-    """crc32 of a packed file's payload, read in chunks without keeping its pages cached."""
+    """crc32 of a packed file's payload (the first `spec.nbytes` of it), read in chunks without keeping its pages
+    cached."""
     import os
 
     crc, done = 0, 0
@@ -134,10 +137,30 @@ def _file_crc(path: Path, spec: LayerSpec) -> int:
 
 def _interleave_resident(layer: nn.Module) -> None:
     """A CPU-resident layer's weights interleaved for the kernels, in place (formats.kernels.interleave:
-    a decoding step reads them 1.4-2x faster; the same results). Streamed layers keep their rows as stored."""
-    for module in layer.modules():
-        if isinstance(module, QLinear):
+    a decoding step reads them 1.4-2x faster; the same results). Streamed layers keep their rows as stored, and so
+    do experts read as routed."""
+    for name, module in layer.named_modules():
+        if isinstance(module, QLinear) and not _read_as_routed(layer, name):
             kernels.interleave(module)
+
+
+def _read_as_routed(layer: nn.Module, name: str) -> bool:
+    owner = name.rpartition(".experts.")[0]
+    return ".experts." in name and getattr(layer.get_submodule(owner + ".experts"), "stream", None) is not None
+
+
+def _experts_as_routed(layer: nn.Module, index: int, spec: LayerSpec, path: Path, cache: ExpertCache) -> None:
+    """Give `layer`'s QExperts its experts from `cache` (range e + 1 of `spec` holds expert e)."""
+    experts = next(m for m in layer.modules() if isinstance(m, QExperts))
+    layout = []
+    for e, (start, _, _) in enumerate(spec.ranges[1:]):
+        by_name = {t.name.rpartition(".experts.")[2]: t for t in spec.tensors_in(e + 1)}
+        layout.append(tuple((by_name[f"{e}.{proj}.qweight"].offset - start, by_name[f"{e}.{proj}.qweight"].nbytes)
+                            for proj in PROJECTIONS))
+    if len(layout) != len(experts):
+        raise CorruptPart(f"{path}: {len(layout)} expert ranges for {len(experts)} experts")
+    cache.register(index, path, spec.ranges[1:])
+    experts.read_as_routed(ExpertStream(cache, index), layout)
 
 
 def _bind_payload(model: nn.Module, spec: LayerSpec, payload: torch.Tensor, dtype: torch.dtype) -> None:
@@ -237,7 +260,10 @@ def mapped_tensor(packed: PackedSet, name: str) -> Optional[torch.Tensor]:
 
 
 def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, placement: Placement, device: torch.device,
-                 dtype: torch.dtype, config: OffloadConfig, progress: ProgressFn, name: str) -> Optional[LayerStreamer]:
+                 dtype: torch.dtype, config: OffloadConfig, progress: ProgressFn,
+                 name: str) -> tuple[Optional[LayerStreamer], Optional[ExpertCache]]:
+    """Load what `placement` keeps resident and set up the rest: returns the layer streamer (None when no layer
+    streams) and the expert cache (None unless a mixture's experts are read as routed)."""
     reader = FileReader(config.direct_io)
     if sk.complete_store:
         _load_store_extras(sk, packed, reader, device, dtype, config, placement.head_streamed)
@@ -249,9 +275,15 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
     staging = aligned_empty(max(s.file_bytes for s in packed.layers)) if cuda else None
     sources, bindings = [], []
     n = len(sk.layers)
+    experts = (ExpertCache(placement.expert_cache_bytes, placement.sizes.expert_unit, reader,
+                           policy=config.expert_policy, verify=config.verify, on_corrupt=lambda: _rebuild(packed))
+               if placement.experts_cached else None)
     for i, (layer, tier) in enumerate(zip(sk.layers, placement.tiers)):
         progress(ProgressEvent("load", f"loading {name}", i, n))
         spec = packed.layers[i]
+        if experts is not None and spec.ranges:  # resident: the dense part; the experts as routed
+            _experts_as_routed(layer, i, spec, packed.path(i), experts)
+            spec = spec.dense()
         binding = LayerBinding(layer, spec, dtype)
         if tier == "device":
             if cuda:
@@ -275,18 +307,21 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
             skinny_cpu_linears(layer)  # float layers only: low-bit ones use offspec's kernels
     progress(ProgressEvent("load", f"loading {name}", n, n, finished=True))
     if not sources:
-        return None
-
-    def on_corrupt() -> str:
-        mark_corrupt(packed.directory)
-        return f"the set in {packed.directory} will be rebuilt on the next start"
+        return None, experts
 
     streamer = LayerStreamer(device, sources, ring_slots=config.ring_slots, staging_buffers=config.staging_buffers,
-                             reader=reader, set_id=packed.set_id, verify=config.verify, on_corrupt=on_corrupt)
+                             reader=reader, set_id=packed.set_id, verify=config.verify,
+                             on_corrupt=lambda: _rebuild(packed))
     for src, binding in zip(sources, bindings):
         attach_streaming(sk.layers[src.index], src.index, streamer, binding)
     if device.type == "cpu" and config.device_mem is not None:
         # a CPU budget holds the whole process: after a pass's last streamed layer, the heap's freed middle (that
         # pass's activations) goes back to the OS, so that passes of other sizes do not pile up fragments
         sk.layers[sources[-1].index].register_forward_hook(lambda *_: trim_heap(collect=False), always_call=True)
-    return streamer
+    return streamer, experts
+
+
+def _rebuild(packed: PackedSet) -> str:
+    """What a checksum failure while running says: the set is rebuilt on the next start."""
+    mark_corrupt(packed.directory)
+    return f"the set in {packed.directory} will be rebuilt on the next start"

@@ -40,8 +40,9 @@ from offspec.util.paths import cache_dir
 from .checkpoint import Checkpoint
 from .config import CPU_HEADROOM, WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
+from .experts import ExpertCache
 from .head import StreamedHead, head_bytes_per_read
-from .hostmem import MADV_DONTNEED, advise, bound_heap, trim_heap
+from .hostmem import MADV_DONTNEED, advise, bound_heap, page_round, trim_heap
 from .hostmem import runtime_bytes as measured_runtime
 from .lent_layers import LentLayers
 from .materialize import CorruptPart, head_entry, mapped_tensor, materialize, owner_of
@@ -62,18 +63,21 @@ class OffloadHandle:
     config: Optional[OffloadConfig] = None  # the config placed under (its limits lowered to fit: fit_limits)
     packed: Optional[PackedSet] = None  # the weight store it was materialized from
     head: Optional[StreamedHead] = None  # the LM head, where it is read from SSD in every pass
+    experts: Optional[ExpertCache] = None  # a mixture's experts, where they are read as routed
 
     @property
     def io(self) -> Any:
         """What the target's runner reads its per-pass I/O from (`counters()`, `loading()`, `close()`): the layer
-        streamer, the streamed head, or both summed; None when nothing streams."""
-        parts = [p for p in (self.streamer, self.head) if p is not None]
+        streamer, the streamed head, the expert cache, or their sum; None when nothing streams."""
+        parts = [p for p in (self.streamer, self.head, self.experts) if p is not None]
         return None if not parts else parts[0] if len(parts) == 1 else JointIO(parts)
 
     def summary(self) -> dict:
         out = self.placement.summary()
         out["packed_dir"] = str(self.packed_dir) if self.packed_dir else None
         out["read_mode"] = self.streamer.reader.mode if self.streamer is not None else None
+        if self.experts is not None:
+            out["experts"] = self.experts.stats()
         out["weight_formats"] = self.weights
         return out
 
@@ -88,6 +92,11 @@ class JointIO:
         """(bytes streamed, seconds waited), summed over the parts."""
         totals = [p.counters() for p in self.parts]
         return sum(b for b, _ in totals), sum(w for _, w in totals)
+
+    def expert_counters(self) -> tuple[int, int]:
+        """The expert cache's (experts routed to, cache hits), where a part is one (ExpertCache)."""
+        parts = [p.expert_counters() for p in self.parts if hasattr(p, "expert_counters")]
+        return (sum(a for a, _ in parts), sum(h for _, h in parts))
 
     def loading(self) -> bool:
         """Whether a part's next layer is still on its way (LayerStreamer.loading)."""
@@ -129,7 +138,17 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
                       + (runtime_bytes if device.type == "cpu" else 0),
                       head_bytes=head_bytes, head_buffer_bytes=head_buffer,
                       headroom_bytes=int(config.device_mem * CPU_HEADROOM) if _precise(device, config) else 0,
-                      shared_bytes=tuple(shared_bytes))
+                      shared_bytes=tuple(shared_bytes), **_expert_sizes(sk.plans))
+
+
+def _expert_sizes(plans: list) -> dict:
+    """ModelSizes' expert fields from the layers' ranges (their dense part first, then one per expert)."""
+    if not any(p.ranges for p in plans):
+        return {}
+    experts = [p.ranges[1:] for p in plans]
+    return dict(expert_bytes=tuple(sum(n for _, n, _ in e) for e in experts),
+                expert_unit=max((page_round(n) for e in experts for _, n, _ in e), default=0),
+                experts_per_layer=max(len(e) for e in experts))
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:
@@ -281,21 +300,22 @@ def load_offloaded(resolved: Any, *, device: torch.device, dtype: torch.dtype, a
     if packed is None:
         packed = ensure_packed(sk, ck, dtype, config, device, progress)
     try:
-        streamer = materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
+        streamer, experts = materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
     except CorruptPart as exc:  # a resident part failed its checksum
         if ck is None:
             _damaged(resolved, str(exc))
         sk = from_checkpoint(Path(resolved.path), dtype, attn_implementation, config.quant, device, set(ck.where))
         packed = ensure_packed(sk, ck, dtype, config, device, progress, rebuild=True)
         try:
-            streamer = materialize(sk, ck, packed, placement, device, dtype, config, progress, resolved.name)
+            streamer, experts = materialize(sk, ck, packed, placement, device, dtype, config, progress,
+                                            resolved.name)
         except CorruptPart as exc2:
             raise OffspecError(f"packed layers of {resolved.name} are corrupt right after rebuilding ({exc2}); "
                                f"check the disk, or use another --offload-dir") from None
     trim_heap(_precise(device, config))  # packing and loading freed many temporaries
     head = sk.model.get_output_embeddings()
     return sk.model, OffloadHandle(placement, streamer, packed.directory, weight_format_summary(sk.model), config,
-                                   packed, head if isinstance(head, StreamedHead) else None)
+                                   packed, head if isinstance(head, StreamedHead) else None, experts)
 
 
 def _runtime(device: torch.device, config: OffloadConfig) -> int:

@@ -13,6 +13,11 @@ On a CPU device the host RAM *is* the device: the device budget caps all of offs
 the RAM tier is only used when a RAM budget is given. Where the resident parts do not fit even with every layer
 streamed, a CPU streams the LM head too (offspec/offload/head.py: `OffloadConfig.stream_head`), in chunks through
 two read buffers, like one more layer.
+
+A mixture of experts whose layers do not fit (a CPU device): every layer's dense part (attention, norms, router,
+a shared expert) is resident, and its experts are read from SSD as the router picks them, into one expert cache
+that holds what the budget has left (offspec/offload/experts.py), when that is at least one layer's experts;
+otherwise its layers stream whole like any other.
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ class ModelSizes:
     # per decoder layer, the draft's bytes that go where the layer is resident (a draft made from the target runs
     # the target's resident layers instead of its copies of them: `Placement.shared_layers`); () for other drafts
     shared_bytes: tuple[int, ...] = ()
+    # a mixture of experts: per decoder layer the bytes of its experts (the payload past its dense part: 0 for a
+    # dense layer), the largest expert's range (page-rounded: one expert cache slot) and the most experts a layer has
+    expert_bytes: tuple[int, ...] = ()
+    expert_unit: int = 0
+    experts_per_layer: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,20 @@ class Placement:
     bandwidth: dict = field(default_factory=dict)  # assumed bytes/s (link, disk, memory) for the prediction
     head_streamed: bool = False  # the LM head is read from SSD in every pass (offspec/offload/head.py)
     shares: bool = False  # a draft made from the target runs the resident layers as the target's own
+    # a mixture of experts: the bytes of the expert cache its experts are read into as routed (0: none; then every
+    # resident layer holds its experts)
+    expert_cache_bytes: int = 0
+
+    @property
+    def experts_cached(self) -> bool:
+        return self.expert_cache_bytes > 0
+
+    @property
+    def placed_bytes(self) -> tuple[int, ...]:
+        """Per decoder layer, the bytes its tier holds: a layer whose experts are cached holds its dense part."""
+        if not self.experts_cached:
+            return self.sizes.layer_bytes
+        return tuple(b - e for b, e in zip(self.sizes.layer_bytes, self.sizes.expert_bytes))
 
     @property
     def shared_layers(self) -> tuple[int, ...]:
@@ -82,7 +106,7 @@ class Placement:
         return sum(t == tier for t in self.tiers)
 
     def bytes_in(self, tier: str) -> int:
-        return sum(b for t, b in zip(self.tiers, self.sizes.layer_bytes) if t == tier)
+        return sum(b for t, b in zip(self.tiers, self.placed_bytes) if t == tier)
 
     @property
     def streams(self) -> bool:
@@ -107,14 +131,16 @@ class Placement:
         """Planned use of the device budget."""
         host_is_device = self.device == "cpu"
         return (self.resident_bytes + self.bytes_in("device") - self.shared_bytes + self.ring_bytes
-                + (self.staging_bytes if host_is_device else 0))
+                + (self.staging_bytes if host_is_device else 0) + self.expert_cache_bytes)
 
     def device_breakdown(self) -> dict[str, int]:
         """What the planned device bytes are made of (the values sum to `device_bytes`; zero parts left out)."""
         s, host_is_device = self.sizes, self.device == "cpu"
         head_buffers = 2 * s.head_buffer_bytes if self.head_streamed else 0
         draft = "draft" if not self.shares else f"draft (its copies of {len(self.shared_layers)} layers: the target's)"
-        parts = {f"{self.count('device')} layers": self.bytes_in("device"), draft: s.extra_bytes - self.shared_bytes,
+        layers = f"{self.count('device')} layers" + (" (their dense parts)" if self.experts_cached else "")
+        parts = {layers: self.bytes_in("device"), "expert cache": self.expert_cache_bytes,
+                 draft: s.extra_bytes - self.shared_bytes,
                  "embeddings and LM head" if not self.head_streamed else "embeddings and norms":
                      s.other_bytes - self.streamed_head_bytes,
                  "KV cache and activations": s.kv_bytes + s.activation_bytes,
@@ -146,6 +172,7 @@ class Placement:
             "resident_bytes": self.resident_bytes, "ring_bytes": self.ring_bytes, "staging_bytes": self.staging_bytes,
             "bytes_per_pass": self.bytes_per_pass, "predicted_pass_seconds": round(self.predicted_pass_seconds, 4),
             "head_streamed": self.head_streamed, "shared_layers": len(self.shared_layers),
+            "expert_cache_bytes": self.expert_cache_bytes,
             "assumed_bandwidth": dict(self.bandwidth), "sizes": asdict(self.sizes),
             "device_breakdown": self.device_breakdown(),
         }
@@ -158,6 +185,8 @@ class Placement:
             where += f", {self.count('ram')} from RAM, {self.count('ssd')} from SSD"
         if self.head_streamed:
             where += ", LM head from SSD"
+        if self.experts_cached:
+            where += ", experts from SSD as routed"
         fmt = "" if self.quant == "none" else f" ({self.quant})"
         t = self.predicted_pass_seconds
         when = f"{t:.2f} s" if t >= 1 else f"{t * 1000:.3g} ms"
@@ -281,6 +310,10 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
     base["shares"] = bool(sizes.shared_bytes)
     if resident + sum(net) <= device_budget:  # whole only where the self draft runs the target's own layers
         return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, **base)
+    cache = _expert_cache(sizes, device_budget - resident, host_is_device) if config.experts == "auto" else 0
+    if cache:  # a mixture: the dense parts resident, the experts read as routed into what is left
+        return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, expert_cache_bytes=cache,
+                         **{**base, "shares": False})
 
     ring, _ = stream_buffers(sizes, config, host_is_device, has_ssd=False)  # RAM-tier layers only
     ssd_ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd=True)  # some layers on SSD
@@ -322,6 +355,18 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
     tiers = tuple("device" if i in on_device else "ram" if i in in_ram else "ssd" for i in range(n))
     ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd="ssd" in tiers)
     return Placement(tiers=tiers, ring_bytes=ring, staging_bytes=staging, **base)
+
+
+def _expert_cache(sizes: ModelSizes, room: int, host_is_device: bool) -> int:
+    """The expert cache of a mixture whose dense parts are all resident in `room`: what is left of it, in whole
+    slots (`expert_unit`); 0 where that is less than one layer's experts, or this is no mixture, or a draft made
+    from the target shares its layers (not yet), or the device is a GPU (not yet: its experts stream with their
+    layers)."""
+    if not host_is_device or not sizes.expert_unit or sizes.shared_bytes:
+        return 0
+    left = room - sum(b - e for b, e in zip(sizes.layer_bytes, sizes.expert_bytes))
+    slots = left // sizes.expert_unit
+    return slots * sizes.expert_unit if slots >= sizes.experts_per_layer else 0
 
 
 def forced(sizes: ModelSizes, device: torch.device, tiers: tuple[str, ...], config: OffloadConfig) -> Placement:

@@ -96,16 +96,17 @@ class SpeculativeEngine:
     def autoregressive_step(self, chooser: TokenChooser) -> tuple[list[int], PassStats]:
         """The baseline: the target alone, one token per pass."""
         t0 = _clock(self.target.device)
-        io0 = self.target.io_counters()
+        io0, ex0 = self.target.io_counters(), self.target.expert_counters()
         root_slot = self.target.length  # == len(tokens) - 1
         hidden = self.target.extend([self.tokens[-1]])
         token = chooser.choose(self.target.logits(hidden))  # sync: the token is needed on the host
         self.tokens.append(token)
         assert self.target.length == len(self.tokens) - 1 == root_slot + 1
-        io1 = self.target.io_counters()
+        io1, ex1 = self.target.io_counters(), self.target.expert_counters()
         stats = PassStats(tree_size=0, accepted=0, emitted=1, draft_seconds=0.0,
                           target_seconds=_clock(self.target.device) - t0, budget=0,
-                          io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0])
+                          io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0],
+                          experts_routed=ex1[0] - ex0[0], expert_hits=ex1[1] - ex0[1])
         return [token], stats
 
     def score_tree(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +182,7 @@ class SpeculativeEngine:
         grammar = chooser.grammar.paths() if chooser.grammar is not None else None  # the output's grammar at the root
         tree = self.drafter.propose(self.tokens, config, chooser.sampling.temperature, grammar=grammar, grow=grow)
         t1 = _clock(device)
-        io0 = target.io_counters()
+        io0, ex0 = target.io_counters(), target.expert_counters()
 
         n = tree.n
         tokens_host = tree.tokens[:n].tolist()  # sync: the walk runs on the host (and the ids are checked there)
@@ -200,7 +201,7 @@ class SpeculativeEngine:
         self.tokens.extend(new_tokens)
         self.drafter.observe(path, len(self.tokens))
         t2 = _clock(device)
-        io1 = target.io_counters()
+        io1, ex1 = target.io_counters(), target.expert_counters()
 
         tree_view = None
         if snapshot:
@@ -209,6 +210,6 @@ class SpeculativeEngine:
         stats = PassStats(tree_size=n - 1, accepted=len(accepted), emitted=len(new_tokens), draft_seconds=t1 - t0,
                           target_seconds=t2 - t1, budget=config.budget, depth_counts=tuple(tree.depth_counts()),
                           tree=tree_view, io_wait_seconds=io1[1] - io0[1], bytes_streamed=io1[0] - io0[0],
-                          drafter=self.drafter.kind, caught_up=self.drafter.caught_up,
+                          experts_routed=ex1[0] - ex0[0], expert_hits=ex1[1] - ex0[1], drafter=self.drafter.kind, caught_up=self.drafter.caught_up,
                           grown_nodes=max(0, n - 1 - config.budget) if grow is not None and grow.granted else 0)
         return new_tokens, stats

@@ -97,6 +97,12 @@ class ModelRunner:
         """Cumulative (weight bytes streamed, seconds spent waiting for weights); zeros when nothing streams."""
         return self.io.counters() if self.io is not None else (0, 0.0)
 
+    def expert_counters(self) -> tuple[int, int]:
+        """Cumulative (experts routed to, of them found in the expert cache) over the layers whose experts are read
+        as routed (offspec/offload/experts.py); zeros for every other model."""
+        counters = getattr(self.io, "expert_counters", None)
+        return counters() if counters is not None else (0, 0)
+
     def weights_loading(self) -> bool:
         """Whether the next pass's first streamed layer is still being read (False when nothing streams)."""
         return self.io is not None and self.io.loading()

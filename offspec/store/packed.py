@@ -8,7 +8,9 @@ A set lives in one directory per (model, dtype, format):
                          table in embed.bin (memory-mapped: only the rows a pass asks for are read)
     manifest.json        written last: the key (source fingerprint, dtype, format), per layer (and extra) its file,
                          size, crc32 and tensors (name, dtype, shape, byte offset in the payload, and for low-bit
-                         weights their ggml type and column count: see offspec/formats)
+                         weights their ggml type and column count: see offspec/formats); a layer whose parts are
+                         read apart (a mixture of experts: its dense part, then each expert) also its *ranges*,
+                         each 4 KiB-aligned in the payload with its own crc32 (`LayerSpec.ranges`)
 
 Every file is written to a temp name and renamed; the set is built in a temp directory renamed into place.
 A missing manifest, a key that does not match, a missing or short file or a wrong header makes the set
@@ -72,10 +74,23 @@ class LayerSpec:
     nbytes: int  # payload bytes (what is streamed per pass)
     tensors: tuple[TensorSpec, ...]
     crc32: int = 0  # of the payload
+    # parts of the payload read apart, (offset, nbytes, crc32) each, 4 KiB-aligned: the dense part first (from 0),
+    # then one per group the layout was planned with (a mixture's experts); () for a layer read whole
+    ranges: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def file_bytes(self) -> int:
         return HEADER + _round_up(self.nbytes, HEADER)
+
+    def tensors_in(self, index: int) -> tuple[TensorSpec, ...]:
+        """The tensors of range `index` (`ranges`)."""
+        start, nbytes, _ = self.ranges[index]
+        return tuple(t for t in self.tensors if start <= t.offset < start + nbytes)
+
+    def dense(self) -> "LayerSpec":
+        """The spec of range 0 alone (the layer's dense part), as a payload of its own."""
+        start, nbytes, crc = self.ranges[0]
+        return LayerSpec(self.index, self.file, nbytes, self.tensors_in(0), crc)
 
 
 @dataclass(frozen=True)
@@ -110,18 +125,36 @@ EXTRA_FILES = {"other": "other.bin", "embed": "embed.bin"}
 EXTRA_INDEX = {"other": -1, "embed": -2}
 
 
-def plan_layer(index: int, entries: Iterable[tuple], file: Optional[str] = None) -> LayerSpec:
+def plan_layer(index: int, entries: Iterable[tuple], file: Optional[str] = None,
+               groups: Iterable[Iterable[str]] = ()) -> LayerSpec:
     """Lay out one layer's tensors in a payload; crc32 is filled in when written. Entries are (name, dtype,
-    shape) or, for low-bit weights, (name, torch.uint8, (rows, row_bytes), ggml type id, cols)."""
-    offset, tensors = 0, []
-    for name, dtype, shape, *lowbit in entries:
-        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-        dtype_name = str(dtype).removeprefix("torch.")
-        ggml, cols = (int(lowbit[0]), int(lowbit[1])) if lowbit else (-1, 0)
-        tensors.append(TensorSpec(name, dtype_name, tuple(int(s) for s in shape), offset, nbytes, ggml, cols))
-        offset = _round_up(offset + nbytes, TENSOR_ALIGN)
-    return LayerSpec(index=index, file=file or layer_file(index), nbytes=max(offset, TENSOR_ALIGN),
-                     tensors=tuple(tensors))
+    shape) or, for low-bit weights, (name, torch.uint8, (rows, row_bytes), ggml type id, cols). `groups`: lists of
+    tensor names each read apart (a mixture's experts: each expert's gate, up and down), laid out after the other
+    tensors, each group together from a 4 KiB boundary, in the order given (`LayerSpec.ranges`)."""
+    groups = [list(g) for g in groups]
+    grouped = {name for g in groups for name in g}
+    entries = list(entries)
+    by_name = {e[0]: e for e in entries}
+    order = [[e for e in entries if e[0] not in grouped]] + [[by_name[name] for name in g] for g in groups]
+    offset, tensors, ranges = 0, [], []
+    for part, chosen in enumerate(order):
+        if groups:
+            offset = _round_up(offset, HEADER)
+            ranges.append(offset)
+        for name, dtype, shape, *lowbit in chosen:
+            nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+            dtype_name = str(dtype).removeprefix("torch.")
+            ggml, cols = (int(lowbit[0]), int(lowbit[1])) if lowbit else (-1, 0)
+            tensors.append(TensorSpec(name, dtype_name, tuple(int(s) for s in shape), offset, nbytes, ggml, cols))
+            offset = _round_up(offset + nbytes, TENSOR_ALIGN)
+    nbytes = max(offset, TENSOR_ALIGN)
+    if groups:  # each range to the next one's start (the last: to the payload's end, 4 KiB-rounded)
+        nbytes = _round_up(nbytes, HEADER)
+        ends = ranges[1:] + [nbytes]
+        spans = tuple((start, end - start, 0) for start, end in zip(ranges, ends))
+        return LayerSpec(index=index, file=file or layer_file(index), nbytes=nbytes, tensors=tuple(tensors),
+                         ranges=spans)
+    return LayerSpec(index=index, file=file or layer_file(index), nbytes=nbytes, tensors=tuple(tensors))
 
 
 def plan_extra(name: str, entries: Iterable[tuple]) -> LayerSpec:
@@ -163,9 +196,11 @@ def write_layer(directory: Path, set_id: str, spec: LayerSpec,
     returns the spec with its crc32. Holds one tensor at a time, never the whole layer."""
     expected = {t.name: t for t in spec.tensors}
     crc = 0
+    crcs: list[int] = []  # per range (spec.ranges)
 
     def write(f) -> None:
         nonlocal crc
+        crcs.clear()
         written = set()
         f.truncate(spec.file_bytes)  # zeros: header placeholder, alignment gaps and padding
         for name, value in tensors:
@@ -182,27 +217,39 @@ def write_layer(directory: Path, set_id: str, spec: LayerSpec,
         f.flush()
         done = 0
         f.seek(HEADER)
+        starts = {start: i for i, (start, _, _) in enumerate(spec.ranges)}
+        part_crc = 0
         while done < spec.nbytes:  # checksum the payload as written (read back in chunks from the page cache)
-            chunk = f.read(min(8 * 2**20, spec.nbytes - done))
+            end = min(done + 8 * 2**20, spec.nbytes)
+            end = min([s for s in starts if done < s < end] + [end])  # a chunk never straddles a range's start
+            chunk = f.read(end - done)
             crc = zlib.crc32(chunk, crc)
+            part_crc = zlib.crc32(chunk, 0 if done in starts else part_crc)
             done += len(chunk)
+            if done in starts or done == spec.nbytes:
+                crcs.append(part_crc & 0xFFFFFFFF)
         f.seek(0)
         f.write(_header(set_id, spec, crc & 0xFFFFFFFF))
 
     # no fsync per layer (gigabytes): the set's manifest, written last, is what says it is complete
     atomic_write(directory / spec.file, write, fsync=False)
-    return LayerSpec(spec.index, spec.file, spec.nbytes, spec.tensors, crc & 0xFFFFFFFF)
+    ranges = tuple((start, nbytes, c) for (start, nbytes, _), c in zip(spec.ranges, crcs)) if spec.ranges else ()
+    return LayerSpec(spec.index, spec.file, spec.nbytes, spec.tensors, crc & 0xFFFFFFFF, ranges)
 
 
 def _spec_dict(s: LayerSpec) -> dict:
-    return {"index": s.index, "file": s.file, "nbytes": s.nbytes, "crc32": s.crc32,
-            "tensors": [[t.name, t.dtype, list(t.shape), t.offset, t.nbytes, t.ggml, t.cols] for t in s.tensors]}
+    out = {"index": s.index, "file": s.file, "nbytes": s.nbytes, "crc32": s.crc32,
+           "tensors": [[t.name, t.dtype, list(t.shape), t.offset, t.nbytes, t.ggml, t.cols] for t in s.tensors]}
+    if s.ranges:
+        out["ranges"] = [list(r) for r in s.ranges]
+    return out
 
 
 def _spec_of(d: dict) -> LayerSpec:
     return LayerSpec(int(d["index"]), str(d["file"]), int(d["nbytes"]),
                      tuple(TensorSpec(n, dt, tuple(sh), int(o), int(b), int(g), int(c))
-                           for n, dt, sh, o, b, g, c in d["tensors"]), int(d["crc32"]))
+                           for n, dt, sh, o, b, g, c in d["tensors"]), int(d["crc32"]),
+                     tuple((int(o), int(b), int(c)) for o, b, c in d.get("ranges", ())))
 
 
 def _manifest_dict(packed: PackedSet) -> dict:
