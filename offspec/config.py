@@ -268,6 +268,7 @@ class OffloadConfig:
     # experts beside them; "whole" streams its layers whole, every expert of them, as a dense model's
     experts: str = "auto"
     expert_policy: str = "lru"  # which cached expert makes room: "lru" (least recently used) or "lfu" (least routed)
+    expert_prefetch: str = "on"  # "on": read the next layer's predicted experts ahead (offspec/offload/experts.py)
     max_context: int = 4096  # tokens of conversation the caches hold (capped by the model's own limit)
     max_budget: int = 4096  # the largest tree budget a call may ask for (the KV caches reserve room for it)
     # tuning and what the loader derives (no options of offspec.load)
@@ -328,6 +329,8 @@ class OffloadConfig:
             raise OffspecError(f"experts must be auto or whole, got {self.experts!r}")
         if self.expert_policy not in ("lru", "lfu"):
             raise OffspecError(f"expert_policy must be lru or lfu, got {self.expert_policy!r}")
+        if self.expert_prefetch not in ("on", "off"):
+            raise OffspecError(f"expert_prefetch must be on or off, got {self.expert_prefetch!r}")
         return self
 
 
@@ -335,7 +338,7 @@ class OffloadConfig:
 class LoadConfig:
     """Which models to load, where and how. Built from `offspec.load`'s keywords (the CLI's flags) by field
     name, the offloading ones (device_mem, ram_mem, quant, draft_quant, offload_dir, stream_head, experts,
-    expert_policy, max_context,
+    expert_policy, expert_prefetch, max_context,
     max_budget) into `offload` (`split_options`)."""
 
     target: Optional[str] = None  # None = the built-in default target

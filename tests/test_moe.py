@@ -344,6 +344,13 @@ def test_routed_experts_read_from_ssd_give_the_resident_greedy_output(cache, ggu
     assert 0 < sum(p.bytes_streamed for p in alone.passes) < experts.read_bytes - before
     for nodes in (1, 16):
         assert gen.generate(PROMPT, max_new_tokens=40, budget=nodes).token_ids == plain, nodes
+    stats = experts.stats()
+    assert stats["prefetch_reads"] > 0 and 0 < stats["prefetch_accuracy"] <= 1
+    assert stats["prefetch_used"] <= stats["prefetch_reads"]
+    gen.close()
+    off = _tight(target, draft, tmp_path, expert_policy=policy, expert_prefetch="off")  # prefetch changes no output
+    assert off.generate(PROMPT, max_new_tokens=40, budget=16).token_ids == plain
+    assert off.engine.target.io.stats()["prefetch_reads"] == 0
 
 
 def _cache_file(path: Path, experts: int, nbytes: int) -> tuple:
@@ -366,7 +373,7 @@ def test_the_expert_cache_reads_and_hits_exactly_as_its_policy_says(tmp_path, po
     from offspec.offload.experts import ExpertCache
 
     ranges = _cache_file(tmp_path / "layer.bin", 6, 4096)
-    cache = ExpertCache(3 * 4096, 4096, FileReader(), policy=policy)
+    cache = ExpertCache(3 * 4096, 4096, FileReader(), policy=policy, prefetch=False)
     cache.register(0, tmp_path / "layer.bin", ranges)
     for call in ([0, 1], [1, 2], [0, 1], [3], [4], [2], [0, 1]):  # 3 slots
         views = cache.fetch(0, call)
@@ -385,9 +392,34 @@ def test_a_damaged_expert_read_as_routed_is_one_line_and_marks_the_store(tmp_pat
     data[4096 + 2 * 4096 + 7] ^= 0xFF  # one byte of expert 2
     (tmp_path / "layer.bin").write_bytes(bytes(data))
     marked = []
-    cache = ExpertCache(4 * 4096, 4096, FileReader(), on_corrupt=lambda: marked.append(1) or "rebuilt next start")
+    cache = ExpertCache(4 * 4096, 4096, FileReader(), on_corrupt=lambda: marked.append(1) or "rebuilt next start",
+                        prefetch=False)
     cache.register(3, tmp_path / "layer.bin", ranges)
     assert sorted(cache.fetch(3, [0, 1])) == [0, 1]
     with pytest.raises(OffspecError, match=r"layer.bin is corrupt \(expert 2: checksum mismatch\); rebuilt next"):
         cache.fetch(3, [2])
     assert marked == [1]
+
+
+def test_a_read_ahead_is_used_waited_for_and_never_drops_the_running_calls_experts(tmp_path):
+    """A scripted prediction: what the next call asks for is there (or waited for), what it was not predicted is
+    read by the call itself, and a prediction never takes a slot the running call holds."""
+    from offspec.offload.diskio import FileReader
+    from offspec.offload.experts import ExpertCache
+
+    ranges = _cache_file(tmp_path / "layer.bin", 6, 4096)
+    cache = ExpertCache(4 * 4096, 4096, FileReader())
+    cache.register(0, tmp_path / "layer.bin", ranges)
+    cache.register(1, tmp_path / "layer.bin", ranges)  # layer 1's experts: the same ranges, another key
+    views = cache.fetch(0, [0, 1])
+    cache.prefetch(1, [2, 3, 4])  # 4 slots, 2 held by the running call: only 2 and 3 can be read ahead
+    with cache.cv:  # the reader thread done with the prediction
+        assert cache.cv.wait_for(lambda: cache.request is None and not cache.pending, timeout=60)
+    assert bool((views[0] == 0).all()) and bool((views[1] == 1).all())  # the running call's experts untouched
+    assert {e for (layer, e) in cache.slot_of if layer == 1} == {2, 3}
+    got = cache.fetch(1, [2, 3, 5])  # 2 and 3 read ahead; 5 read by the call itself
+    assert all(bool((got[e] == e).all()) for e in (2, 3, 5))
+    stats = cache.stats()
+    assert (stats["prefetch_reads"], stats["prefetch_used"]) == (2, 2)
+    assert stats["prefetch_accuracy"] == 2 / 3 and (cache.asked, cache.hits, cache.reads) == (5, 2, 5)
+    cache.close()

@@ -67,6 +67,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "streams its layers whole")
     o.add_argument("--expert-policy", choices=["lru", "lfu"], help="which cached expert makes room: lru (the "
                    "default: least recently used) or lfu (least often routed)")
+    o.add_argument("--expert-prefetch", choices=["on", "off"], help="read the next layer's experts ahead, as its "
+                   "router predicts them from this layer's input (default on)")
     t = p.add_argument_group("speculation tree")
     t.add_argument("--budget", type=_budget_arg, help="draft tokens per tree, or auto (the default: planned from "
                    "this machine's measured profile, see `offspec profile`, else a quick start-up estimate)")

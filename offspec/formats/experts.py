@@ -72,8 +72,8 @@ class QExperts(nn.Module):
         self.experts = tuple(experts)  # a plain tuple: not registered twice
         self.act_fn = act
         # where the experts are read as routed (offspec/offload/experts.py): an object whose fetch(experts) gives
-        # {expert: (nbytes,) uint8 view of its range}, and per expert its projections' (offset, nbytes) in the
-        # range; their weights are then bound for each call only
+        # {expert: (nbytes,) uint8 view of its range} and whose prefetch(x) reads ahead the next layer's, and per
+        # expert its projections' (offset, nbytes) in the range; their weights are then bound for each call only
         self.stream = None
         self.layout: list[tuple[tuple[int, int], ...]] = []
 
@@ -104,6 +104,8 @@ class QExperts(nn.Module):
             for slot, e in enumerate(chosen):
                 by_expert.setdefault(int(e), []).append((token, slot))
         held = self._bind(self.stream.fetch(sorted(by_expert))) if self.stream is not None else []
+        if self.stream is not None:
+            self.stream.prefetch(x)  # the next layer's experts, read while these compute
         try:
             self._run(x, by_expert, top_k_weights, out)
         finally:

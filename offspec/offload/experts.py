@@ -11,15 +11,23 @@ Which expert goes is the policy: "lru" (the least recently used) or "lfu" (the o
 process, the least recent of those). An expert routed in the current call is never dropped for another of that
 call; the placement makes the cache at least one layer's experts, so a call always fits.
 
+**Prefetch.** While a layer computes its experts, the next layer's router, applied to this layer's input, predicts
+the experts the next layer will ask for, and a reader thread reads those the cache lacks (`prefetch`). It is only
+a read ahead: the next layer runs what its own router chooses, waiting for a range still in flight or reading what
+was not predicted. A prediction never drops an expert of the running call, and a newer prediction replaces one
+not started yet.
+
 A range is checked against its crc32 the first time it is read (`verify="first"`), at every read ("always") or
 never; a mismatch marks the store for a rebuild and is a one-line OffspecError, as for a streamed layer.
 
-`counters()` is the runner's per-pass I/O (bytes read, seconds spent reading: the decode waits for each read) and
-`stats()` the expert counts: experts asked for, cache hits, reads and bytes.
+`counters()` is the runner's per-pass I/O (bytes read, seconds the decode waited for reads), `expert_counters()`
+the experts routed to and the cache's hits, and `stats()` all of it with the prefetch's accuracy.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Optional
@@ -38,22 +46,35 @@ class ExpertCache:
     """Slots of `unit` bytes in one page-aligned host buffer of `capacity` bytes (whole slots)."""
 
     def __init__(self, capacity: int, unit: int, reader: FileReader, *, policy: str = "lru", verify: str = "first",
-                 on_corrupt: Callable[[], str] = lambda: "delete the model's cache entry to rebuild it"):
+                 on_corrupt: Callable[[], str] = lambda: "delete the model's cache entry to rebuild it",
+                 prefetch: bool = True):
         if policy not in POLICIES:
             raise OffspecError(f"unknown expert cache policy {policy!r}; use one of {', '.join(POLICIES)}")
         self.unit, self.reader, self.policy, self.verify, self.on_corrupt = unit, reader, policy, verify, on_corrupt
         self.slots = capacity // unit
         self.buffer = aligned_empty(self.slots * unit)  # (slots * unit,) uint8: every slot page-aligned
         self.free = list(range(self.slots - 1, -1, -1))
-        self.slot_of: dict[tuple[int, int], int] = {}  # (layer, expert) -> slot
+        self.slot_of: dict[tuple[int, int], int] = {}  # (layer, expert) -> slot, once its range is there
         self.key_of: list[Optional[tuple[int, int]]] = [None] * self.slots
-        self.last = [0] * self.slots  # the call that last used each slot
+        self.last = [0] * self.slots  # the call that last used (or was predicted to use) each slot
+        self.pending: dict[tuple[int, int], int] = {}  # (layer, expert) -> slot the reader thread is filling
         self.routed: Counter = Counter()  # (layer, expert) -> calls that routed to it (the "lfu" frequency)
         self.calls = 0
         self.sources: dict[int, tuple[Path, tuple]] = {}  # layer -> (its packed file, its expert ranges)
         self.verified: set[tuple[int, int]] = set()
         self.asked = self.hits = self.reads = self.read_bytes = 0
-        self.read_seconds = 0.0
+        self.read_seconds = 0.0  # what fetch waited: its own reads, and ranges still in flight
+        self.prefetch_reads = self.prefetch_used = self.predicted = self.predicted_right = 0
+        self.prefetched: set[tuple[int, int]] = set()  # read ahead, not asked for yet
+        self.guess: dict[int, set[int]] = {}  # layer -> the experts last predicted for it
+        self.cv = threading.Condition()
+        self.request: Optional[tuple[int, list[int]]] = None  # the prediction the reader thread takes next
+        self.error: Optional[BaseException] = None
+        self.closed = False
+        self.thread = threading.Thread(target=self._prefetcher, name="offspec-experts", daemon=True) \
+            if prefetch else None
+        if self.thread is not None:
+            self.thread.start()
 
     def register(self, layer: int, path: Path, ranges: tuple) -> None:
         """Layer `layer`'s experts live in `path`, expert e at payload range `ranges[e]` (offset, nbytes, crc32)."""
@@ -61,59 +82,149 @@ class ExpertCache:
             raise ValueError(f"layer {layer}: an expert is larger than a cache slot")
         self.sources[layer] = (Path(path), tuple(ranges))
 
+    # --- the model's thread -------------------------------------------------------------------------------
     def fetch(self, layer: int, experts: list[int]) -> dict[int, torch.Tensor]:
         """{expert: (range nbytes,) uint8 view of its blocks} for `experts` of `layer`, read where not cached."""
-        self.calls += 1
         path, ranges = self.sources[layer]
         out, missing = {}, []
-        for e in experts:
-            key = (layer, e)
-            self.routed[key] += 1
-            slot = self.slot_of.get(key)
-            if slot is None:
-                missing.append(e)
-                continue
-            self.last[slot] = self.calls
+        with self.cv:
+            self._raise()
+            self.calls += 1
+            if self.request is not None and self.request[0] == layer:
+                self.request = None  # too late to read ahead
+            guess = self.guess.pop(layer, None)
+            if guess is not None:
+                self.predicted += len(guess)
+                self.predicted_right += len(guess & set(experts))
+            t0 = time.perf_counter()
+            while any((layer, e) in self.pending for e in experts):  # a read ahead of this call still in flight
+                self.cv.wait()
+                self._raise()
+            self.read_seconds += time.perf_counter() - t0
+            for e in experts:
+                key = (layer, e)
+                self.routed[key] += 1
+                slot = self.slot_of.get(key)
+                if slot is None:
+                    missing.append(e)
+                    continue
+                self.last[slot] = self.calls
+                if key in self.prefetched:
+                    self.prefetched.discard(key)
+                    self.prefetch_used += 1
+                out[e] = self._view(slot, ranges[e][1])
+            self.asked += len(experts)
+            self.hits += len(experts) - len(missing)
+            slots = [self._victim() for _ in missing]
+        for e, slot in zip(missing, slots):
+            self.read_seconds += self._read(layer, e, slot)  # waits for the disk
+            with self.cv:
+                self._install((layer, e), slot)
             out[e] = self._view(slot, ranges[e][1])
-        self.asked += len(experts)
-        self.hits += len(experts) - len(missing)
-        for e in missing:
-            slot = self._victim()
-            offset, nbytes, crc = ranges[e]
-            view = self._view(slot, nbytes)
-            self.read_seconds += self.reader.read(path, view, nbytes, offset=HEADER + offset)  # waits for the disk
+        return out
+
+    def prefetch(self, layer: int, experts: list[int]) -> None:
+        """Read ahead the experts of `layer` a prediction names (replacing one not started yet)."""
+        if self.thread is None or layer not in self.sources:
+            return
+        with self.cv:
+            self.guess[layer] = set(experts)
+            self.request = (layer, list(experts))
+            self.cv.notify_all()
+
+    # --- the reader thread ---------------------------------------------------------------------------------
+    def _prefetcher(self) -> None:
+        try:
+            while True:
+                with self.cv:
+                    while self.request is None and not self.closed:
+                        self.cv.wait()
+                    if self.closed:
+                        return
+                    layer, experts = self.request
+                    self.request = None
+                    todo = []
+                    for e in experts:
+                        key = (layer, e)
+                        if key in self.slot_of or key in self.pending:
+                            continue
+                        slot = self._victim(strict=False)
+                        if slot is None:
+                            break  # every slot is in use by the running call
+                        self.pending[key] = slot
+                        self.last[slot] = self.calls  # kept from the next victims of this prediction
+                        todo.append((e, slot))
+                for e, slot in todo:
+                    self._read(layer, e, slot)
+                    with self.cv:
+                        del self.pending[(layer, e)]
+                        self._install((layer, e), slot)
+                        self.prefetched.add((layer, e))
+                        self.prefetch_reads += 1
+                        self.cv.notify_all()
+        except BaseException as exc:  # surfaced to the model's thread by the next fetch
+            with self.cv:
+                self.error = exc
+                self.pending.clear()
+                self.cv.notify_all()
+
+    # --- shared (callers hold the lock where it says so) ---------------------------------------------------
+    def _read(self, layer: int, e: int, slot: int) -> float:
+        """Read expert `e` of `layer` into `slot` (no lock held); returns the seconds it took."""
+        path, ranges = self.sources[layer]
+        offset, nbytes, crc = ranges[e]
+        view = self._view(slot, nbytes)
+        seconds = self.reader.read(path, view, nbytes, offset=HEADER + offset)
+        key = (layer, e)
+        if self.verify == "always" or (self.verify == "first" and key not in self.verified):
+            if payload_crc(view) != crc:
+                with self.cv:
+                    self.free.append(slot)
+                raise OffspecError(f"packed layer file {path} is corrupt (expert {e}: checksum mismatch); "
+                                   f"{self.on_corrupt()}")
+            self.verified.add(key)
+        with self.cv:
             self.reads += 1
             self.read_bytes += nbytes
-            key = (layer, e)
-            if self.verify == "always" or (self.verify == "first" and key not in self.verified):
-                if payload_crc(view) != crc:
-                    self.free.append(slot)
-                    raise OffspecError(f"packed layer file {path} is corrupt (expert {e}: checksum mismatch); "
-                                       f"{self.on_corrupt()}")
-                self.verified.add(key)
-            self.slot_of[key], self.key_of[slot], self.last[slot] = slot, key, self.calls
-            out[e] = view
-        return out
+        return seconds
+
+    def _install(self, key: tuple[int, int], slot: int) -> None:
+        """(lock held) `slot` now holds `key`'s range."""
+        self.slot_of[key], self.key_of[slot], self.last[slot] = slot, key, self.calls
 
     def _view(self, slot: int, nbytes: int) -> torch.Tensor:
         return self.buffer[slot * self.unit : slot * self.unit + nbytes]
 
-    def _victim(self) -> int:
-        """A free slot, else the policy's choice among the slots this call has not used."""
+    def _victim(self, strict: bool = True) -> Optional[int]:
+        """(lock held) A free slot, else the policy's choice among the slots the running call has not used and no
+        read is filling; None where there is none and not `strict` (a read ahead then stops)."""
         if self.free:
             return self.free.pop()
-        candidates = [s for s in range(self.slots) if self.last[s] != self.calls]
+        busy = set(self.pending.values())
+        candidates = [s for s in range(self.slots) if self.last[s] != self.calls and s not in busy
+                      and self.key_of[s] is not None]
         if not candidates:
+            if not strict:
+                return None
             raise OffspecError(f"the expert cache ({self.slots} experts) cannot hold one layer's routed experts")
         if self.policy == "lfu":
             slot = min(candidates, key=lambda s: (self.routed[self.key_of[s]], self.last[s]))
         else:
             slot = min(candidates, key=lambda s: self.last[s])
-        del self.slot_of[self.key_of[slot]]
+        key = self.key_of[slot]
+        del self.slot_of[key]
+        self.key_of[slot] = None
+        self.prefetched.discard(key)
         return slot
 
+    def _raise(self) -> None:
+        """(lock held) The reader thread's failure, on the model's thread."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
     def counters(self) -> tuple[int, float]:
-        """(bytes read, seconds spent reading), cumulative: what a pass waited for its experts."""
+        """(bytes read, seconds the decode waited for reads), cumulative."""
         return self.read_bytes, self.read_seconds
 
     def expert_counters(self) -> tuple[int, int]:
@@ -121,23 +232,39 @@ class ExpertCache:
         return self.asked, self.hits
 
     def loading(self) -> bool:
-        return False  # reads happen inside the layer that needs them: nothing is ever in flight between passes
+        return False  # a read ahead is within a pass: nothing a draft could wait on between passes
 
     def stats(self) -> dict:
         return {"experts_asked": self.asked, "expert_hits": self.hits, "expert_reads": self.reads,
-                "expert_read_bytes": self.read_bytes, "expert_read_seconds": self.read_seconds,
-                "expert_slots": self.slots, "expert_policy": self.policy}
+                "expert_read_bytes": self.read_bytes, "expert_wait_seconds": self.read_seconds,
+                "expert_slots": self.slots, "expert_policy": self.policy, "prefetch_reads": self.prefetch_reads,
+                "prefetch_used": self.prefetch_used,
+                "prefetch_accuracy": self.predicted_right / self.predicted if self.predicted else None}
 
     def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=10)
         self.slot_of.clear()
         self.buffer = torch.empty(0, dtype=torch.uint8)
 
 
 class ExpertStream:
-    """One layer's view of the cache: what its QExperts calls (`fetch(experts)`)."""
+    """One layer's view of the cache: what its QExperts calls. `fetch(experts)` gives the routed experts' ranges;
+    `prefetch(x)` predicts the next layer's experts from this layer's input `x` (T, H) with the next layer's
+    router (`next_router`, None for the last layer) and reads them ahead."""
 
-    def __init__(self, cache: ExpertCache, layer: int):
-        self.cache, self.layer = cache, layer
+    def __init__(self, cache: ExpertCache, layer: int, next_router: Optional[Callable] = None,
+                 next_layer: int = -1):
+        self.cache, self.layer, self.next_router, self.next_layer = cache, layer, next_router, next_layer
 
     def fetch(self, experts: list[int]) -> dict[int, torch.Tensor]:
         return self.cache.fetch(self.layer, experts)
+
+    def prefetch(self, x: torch.Tensor) -> None:
+        if self.next_router is None or self.cache.thread is None:
+            return
+        _, _, chosen = self.next_router(x)  # (T, k) the next layer's router on this layer's input
+        self.cache.prefetch(self.next_layer, sorted(set(chosen.reshape(-1).tolist())))  # CPU sync: expert ids

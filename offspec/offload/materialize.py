@@ -23,7 +23,7 @@ from torch import nn
 
 from offspec.errors import OffspecError
 from offspec.formats import kernels
-from offspec.formats.experts import PROJECTIONS, QExperts
+from offspec.formats.experts import PROJECTIONS, QExperts, QRouter
 from offspec.formats.modules import QEmbedding, QLinear
 from offspec.progress import ProgressEvent, ProgressFn
 from offspec.store.packed import HEADER, LayerSpec, PackedSet, dtype_of, mark_corrupt, payload_crc
@@ -149,8 +149,10 @@ def _read_as_routed(layer: nn.Module, name: str) -> bool:
     return ".experts." in name and getattr(layer.get_submodule(owner + ".experts"), "stream", None) is not None
 
 
-def _experts_as_routed(layer: nn.Module, index: int, spec: LayerSpec, path: Path, cache: ExpertCache) -> None:
-    """Give `layer`'s QExperts its experts from `cache` (range e + 1 of `spec` holds expert e)."""
+def _experts_as_routed(layer: nn.Module, index: int, spec: LayerSpec, path: Path, cache: ExpertCache,
+                       following: Optional[nn.Module]) -> None:
+    """Give `layer`'s QExperts its experts from `cache` (range e + 1 of `spec` holds expert e); `following`, the
+    next decoder layer (None for the last), whose router predicts what to read ahead."""
     experts = next(m for m in layer.modules() if isinstance(m, QExperts))
     layout = []
     for e, (start, _, _) in enumerate(spec.ranges[1:]):
@@ -160,7 +162,8 @@ def _experts_as_routed(layer: nn.Module, index: int, spec: LayerSpec, path: Path
     if len(layout) != len(experts):
         raise CorruptPart(f"{path}: {len(layout)} expert ranges for {len(experts)} experts")
     cache.register(index, path, spec.ranges[1:])
-    experts.read_as_routed(ExpertStream(cache, index), layout)
+    router = next((m for m in following.modules() if isinstance(m, QRouter)), None) if following is not None else None
+    experts.read_as_routed(ExpertStream(cache, index, router, index + 1), layout)
 
 
 def _bind_payload(model: nn.Module, spec: LayerSpec, payload: torch.Tensor, dtype: torch.dtype) -> None:
@@ -276,13 +279,14 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
     sources, bindings = [], []
     n = len(sk.layers)
     experts = (ExpertCache(placement.expert_cache_bytes, placement.sizes.expert_unit, reader,
-                           policy=config.expert_policy, verify=config.verify, on_corrupt=lambda: _rebuild(packed))
+                           policy=config.expert_policy, verify=config.verify, on_corrupt=lambda: _rebuild(packed),
+                           prefetch=config.expert_prefetch == "on")
                if placement.experts_cached else None)
     for i, (layer, tier) in enumerate(zip(sk.layers, placement.tiers)):
         progress(ProgressEvent("load", f"loading {name}", i, n))
         spec = packed.layers[i]
         if experts is not None and spec.ranges:  # resident: the dense part; the experts as routed
-            _experts_as_routed(layer, i, spec, packed.path(i), experts)
+            _experts_as_routed(layer, i, spec, packed.path(i), experts, sk.layers[i + 1] if i + 1 < n else None)
             spec = spec.dense()
         binding = LayerBinding(layer, spec, dtype)
         if tier == "device":
