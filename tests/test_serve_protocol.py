@@ -150,3 +150,15 @@ def test_unsupported_completion_values_are_400(fields, param, fragment):
     with pytest.raises(APIError) as caught:
         completion(**fields)
     assert caught.value.status == 400 and caught.value.param == param and fragment in caught.value.message
+
+
+def test_the_offspec_field_counts_a_mixtures_routed_experts_and_only_then():
+    from offspec.serve.responses import speculation
+    from offspec.types import GenerationResult, PassStats
+
+    plain = PassStats(tree_size=4, accepted=2, emitted=3, draft_seconds=0.01, target_seconds=0.1, budget=4)
+    routed = PassStats(tree_size=4, accepted=2, emitted=3, draft_seconds=0.01, target_seconds=0.1, budget=4,
+                       experts_routed=96, expert_hits=80)
+    field = speculation(GenerationResult("x", [1, 2, 3, 4, 5, 6], [routed, routed], 0.3, "eos"), 0.0)
+    assert (field["experts_routed"], field["expert_hits"], field["experts_read"]) == (192, 160, 32)
+    assert "experts_routed" not in speculation(GenerationResult("x", [1, 2, 3], [plain], 0.1, "eos"), 0.0)

@@ -246,6 +246,11 @@ def test_speed_line_splits_weight_waiting_from_compute():
                           io_wait_seconds=0.15, bytes_streamed=3_000_000_000, grown_nodes=10)
     meter.add(4, (grown,))
     assert "+3 nodes/pass while loading" in speed_line(meter, INFO, None)  # 10 nodes over 3 passes
+    assert "experts" not in speed_line(meter, INFO, None)  # no mixture
+    routed = PassStats(tree_size=1, accepted=1, emitted=2, draft_seconds=0, target_seconds=0.1, budget=4,
+                       io_wait_seconds=0.05, bytes_streamed=10**8, experts_routed=300, expert_hits=240)
+    meter.add(2, (routed,))  # a mixture's experts read as routed: 300 over 4 passes, 60 of them read
+    assert "75 experts/pass, 15 read (80% cached)" in speed_line(meter, INFO, None)
     plain = PassStats(tree_size=1, accepted=1, emitted=2, draft_seconds=0, target_seconds=0.1, budget=4)
     meter2 = ReplyMeter()
     meter2.add(2, (plain,))

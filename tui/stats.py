@@ -35,6 +35,8 @@ class ReplyMeter:
     io_known: bool = False  # the target streams weights: a pass reported io wait or streamed bytes
     bytes_streamed: int = 0
     grown_nodes: int = 0  # tree nodes drafted while the passes' first streamed layers loaded
+    experts_routed: int = 0  # a mixture's experts read as routed: (layer, expert) pairs run, and the cache's hits
+    expert_hits: int = 0
     last_budget: Optional[int] = None
     seconds: Optional[float] = None  # the engine's wall time, once finished
     prefill_seconds: Optional[float] = None  # the prompt's part of it, once finished
@@ -54,6 +56,8 @@ class ReplyMeter:
             self.io_wait_seconds += wait or 0.0
             self.bytes_streamed += streamed
             self.grown_nodes += int(getattr(stats, "grown_nodes", 0) or 0)
+            self.experts_routed += int(getattr(stats, "experts_routed", 0) or 0)
+            self.expert_hits += int(getattr(stats, "expert_hits", 0) or 0)
 
     def finish(self, result: GenerationResult) -> None:
         """Replace the running counts with the engine's totals."""
@@ -61,6 +65,7 @@ class ReplyMeter:
         self.passes = 0
         self.target_seconds = self.draft_seconds = self.io_wait_seconds = 0.0
         self.io_known, self.bytes_streamed, self.grown_nodes = False, 0, 0
+        self.experts_routed = self.expert_hits = 0
         self.add(0, tuple(result.passes))
         self.seconds = result.seconds
         self.prefill_seconds = result.prefill_seconds if result.prefill_tokens else None  # all cached: no wait
@@ -94,6 +99,8 @@ class ReplyMeter:
             "budget": self.last_budget,
             "io_wait_seconds": round(self.io_wait_seconds, 4) if self.io_known else None,
             "grown_nodes": self.grown_nodes,
+            "experts_routed": self.experts_routed,
+            "expert_hits": self.expert_hits,
             "prefill_seconds": round(self.prefill_seconds, 4) if self.prefill_seconds is not None else None,
         }
 
@@ -134,6 +141,10 @@ def speed_line(meter: Optional[ReplyMeter], info: ModelInfo, fixed_budget: Optio
                 parts.append(f"{meter.bytes_streamed / meter.io_wait_seconds / 1e9:.2f} GB/s")
             if meter.grown_nodes:  # drafted while the weights loaded (TreeConfig.grow_nodes)
                 parts.append(f"+{meter.grown_nodes / meter.passes:.0f} nodes/pass while loading")
+            if meter.experts_routed:  # a mixture's experts read as routed (offspec/offload/experts.py)
+                read = (meter.experts_routed - meter.expert_hits) / meter.passes
+                parts.append(f"{meter.experts_routed / meter.passes:.0f} experts/pass, {read:.0f} read "
+                             f"({meter.expert_hits / meter.experts_routed:.0%} cached)")
         else:
             parts.append(f"target {_ms(per_pass)}/pass")
     parts.append(f"{meter.tokens} tok")

@@ -32,7 +32,7 @@ def usage(result: GenerationResult) -> dict:
 
 def speculation(result: GenerationResult, queued_seconds: float) -> dict:
     """The documented `offspec` field: how the answer was decoded, so clients can show speed."""
-    return {
+    return {**_experts(result),
         "passes": result.n_passes,  # target forward passes
         "tokens_per_pass": round(result.tokens_per_pass, 4),
         "budget": result.passes[-1].budget if result.passes else 0,  # tree budget of the last pass; 0 = target alone
@@ -44,6 +44,15 @@ def speculation(result: GenerationResult, queued_seconds: float) -> dict:
         "queued_seconds": round(queued_seconds, 4),  # waiting behind other requests
         "stop_reason": result.stop_reason,  # offspec's own: eos, stop, max_tokens, context
     }
+
+
+def _experts(result: GenerationResult) -> dict:
+    """A mixture whose experts are read as routed: the experts its passes ran and how many the cache held."""
+    routed = sum(p.experts_routed for p in result.passes)
+    if not routed:
+        return {}
+    hits = sum(p.expert_hits for p in result.passes)
+    return {"experts_routed": routed, "expert_hits": hits, "experts_read": routed - hits}
 
 
 class Shape:
