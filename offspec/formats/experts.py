@@ -4,7 +4,8 @@ transformers keeps a layer's experts as two stacked float tensors (`gate_up_proj
 `down_proj` (experts, hidden, inter)) and routes with a float `F.linear`. offspec keeps the GGUF's blocks:
 - `QExperts` holds one `QExpert` per expert, its gate, up and down projections `QLinear`s of the file's types, so
   each expert's blocks are stored together (`mlp.experts.<e>.{gate,up,down}_proj.qweight`) and one read of a layer
-  payload's range fetches one expert;
+  payload's range fetches one expert; on a CPU with offspec's kernels, the routed experts run in one compiled call
+  (`csrc/experts.h: experts_ffn`), else one torch step at a time, the same operations in the same order;
 - `QRouter` is a `QLinear` of the router's F32 rows (llama.cpp keeps routers F32) whose forward routes as
   transformers' top-k routers do: a softmax over the experts, the top k, renormalized where the family does.
 
@@ -28,8 +29,10 @@ from typing import Optional
 import torch
 from torch import nn
 
+from . import kernels
 from .modules import QLinear
 
+_ACTIVATIONS = {"SiLUActivation": 0, "SiLU": 0, "PytorchGELUTanh": 1, "GELUTanh": 1}  # csrc/layer.h's Activation
 EXPERT_NAME = re.compile(r"^(?P<owner>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.qweight$")
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # an expert's stored order: one expert's blocks together
 
@@ -107,13 +110,24 @@ class QExperts(nn.Module):
         if self.stream is not None:
             self.stream.prefetch(x)  # the next layer's experts, read while these compute
         try:
-            self._run(x, by_expert, top_k_weights, out)
+            self._run(x, by_expert, top_k_index, top_k_weights, out)
         finally:
             for linear, placeholder in held:  # the routed experts' views go: the cache may reuse their slots
                 linear._buffers["qweight"] = placeholder
         return out
 
-    def _run(self, x: torch.Tensor, by_expert: dict, top_k_weights: torch.Tensor, out: torch.Tensor) -> None:
+    def _run(self, x: torch.Tensor, by_expert: dict, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+             out: torch.Tensor) -> None:
+        ext = kernels.compiled() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+        act = _ACTIVATIONS.get(type(self.act_fn).__name__)
+        if ext is not None and act is not None:  # the routed experts in one call (csrc/experts.h), the same bits
+            routed = sorted(by_expert)
+            linears = [(self.experts[e].gate_proj, self.experts[e].up_proj, self.experts[e].down_proj) for e in routed]
+            out.copy_(ext.experts_ffn(x.contiguous(), top_k_index, top_k_weights, torch.tensor(routed),
+                                      [g.qweight for g, _, _ in linears], [u.qweight for _, u, _ in linears],
+                                      [d.qweight for _, _, d in linears],
+                                      [m.kernel_type for trio in linears for m in trio], act))
+            return
         for e in sorted(by_expert):  # ascending: a token adds its experts in the same order in any pass
             tokens = torch.tensor([t for t, _ in by_expert[e]])  # (n,)
             slots = torch.tensor([s for _, s in by_expert[e]])  # (n,)

@@ -35,7 +35,8 @@ from .kernel_builds import MARKER, mark_used, prune_stale_builds
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_dot.h", "ggml_dot_low.h", "ggml_dot_iq2.h",
            "ggml_dot_iq3.h", "ggml_dot_iq1.h", "ggml_dot_tq.h", "ggml_dot512.h", "ggml_amx.h", "ggml_x16.h",
-           "ggml_x16_vec.h", "ggml_x16_legacy.h", "ggml_x16_low.h", "attention.h", "layer.h", "layer_stack.h")
+           "ggml_x16_vec.h", "ggml_x16_legacy.h", "ggml_x16_low.h", "attention.h", "layer.h", "layer_stack.h",
+           "experts.h")
 # "avx2": build without AVX-512 on a CPU that has it; "avx512": without AMX (the results are the same)
 ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
 # "rows": keep resident weights row-major instead of interleaving them (an A/B switch; the same results)

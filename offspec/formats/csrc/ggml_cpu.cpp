@@ -6,6 +6,7 @@
 //   dequantize(w, type, K)  the exact float32 values of rows of blocks (gguf's reference arithmetic)
 //   attend(q, k, v, visible, scale, softcap)  attention per query over its visible keys only (attention.h)
 //   decoder_layer(...)      a whole decoder layer in one call: llama, qwen2/3, gemma2/3, phi3 (layer.h)
+//   experts_ffn(...)        a mixture's routed experts in one call (experts.h)
 //   LayerStack              a model's decoder layers bound once, run in one call (layer_stack.h)
 //
 // Row invariance: y[m, n] depends only on x[m] and W[n] (see ggml_dot.h), never on M or the thread split, so
@@ -259,6 +260,7 @@ std::vector<torch::Tensor> qgemm_many(torch::Tensor x, std::vector<torch::Tensor
 
 #include "layer.h"  // decoder_layer: one decoder layer per call (llama, qwen, gemma, phi3 families), on qgemm
 #include "layer_stack.h"  // LayerStack: a model's layers in one call
+#include "experts.h"  // experts_ffn: a mixture's routed experts in one call
 
 torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
   if (is_x16(type)) {  // back to row-major rows first (a copy), then as the ggml type
@@ -341,6 +343,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend_exact, "attention per query over its visible keys only, logits soft-capped where softcap > 0 "
         "(row invariant)");
   m.def("decoder_layer", &decoder_layer, "one decoder layer: llama, qwen2/3, gemma2/3, phi3 (layer.h)");
+  m.def("experts_ffn", &experts_ffn, "a mixture's routed experts, ascending, each row its own (experts.h)");
   m.def("interleave", &interleave, "weight rows interleaved 16 at a time (forward) or back (ggml_x16.h)");
   m.def("isa", &isa, "the instruction set the kernels were built for");
   m.def("set_grid", &set_grid, "the lattice grid of an IQ type, (entries, 8 or 4) int8 (once, at load)");
