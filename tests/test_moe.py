@@ -423,3 +423,15 @@ def test_a_read_ahead_is_used_waited_for_and_never_drops_the_running_calls_exper
     assert (stats["prefetch_reads"], stats["prefetch_used"]) == (2, 2)
     assert stats["prefetch_accuracy"] == 2 / 3 and (cache.asked, cache.hits, cache.reads) == (5, 2, 5)
     cache.close()
+
+
+def test_the_expert_use_distribution_counts_every_routed_token(cache, ggufs):
+    from offspec.formats.experts import expert_use
+
+    gen = offspec.load(str(ggufs["mixtral"]), "none", budget=4, **LOAD)
+    before = expert_use(gen.engine.target.model)["routings"]  # the load's warm-up pass
+    _causal(gen.engine.target, PROMPT)
+    use = expert_use(gen.engine.target.model)
+    assert use["routings"] - before == len(PROMPT) * 2 * 2  # 22 tokens, 2 layers, 2 experts each
+    assert use["experts"] == 16 and 0 < use["used"] <= 16 and use["hot_50"] <= use["hot_90"] <= use["hot_99"]
+    assert use["hot_99_bytes"] == use["hot_99"] * use["expert_bytes"] > 0

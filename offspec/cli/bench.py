@@ -33,6 +33,7 @@ from typing import Callable, Optional
 
 from offspec.config import DRAFTERS, TreeConfig
 from offspec.errors import OffspecError
+from offspec.formats.experts import expert_use
 from offspec.util.files import atomic_write
 
 from .bench_machine import disk_check, machine_notes, memory_check
@@ -216,6 +217,9 @@ def run_bench(generator, prompts: list[str], setups: list[Setup], *, max_new_tok
             write_json(out_dir / "bench.json", report)
             on_progress(setup.name)
     disk_check(generator, report, len(prompts))
+    use = expert_use(generator.engine.target.model)
+    if use is not None:  # a mixture: how its routing spread over the experts (a twin's is not a real model's)
+        report["expert_use"] = use
     if "budget_adaptive" in generator.info.extra:  # where auto's re-planning ended (the environment has its start)
         report["budget_adaptive_end"] = _snapshot(generator.info.extra["budget_adaptive"])
     write_json(out_dir / "bench.json", report)
@@ -361,6 +365,13 @@ def markdown_table(report: dict) -> str:
             lines.append(f"\n{name}: {s['experts_routed_per_token']:.1f} experts routed per token, "
                          f"{s['experts_read_per_token']:.1f} of them read from SSD (expert cache hit rate "
                          f"{s['expert_hit_rate']:.0%})")
+    use = report.get("expert_use")
+    if use:
+        lines.append(f"\nexpert use (every set-up, prompts included): {use['used']} of {use['experts']} experts routed "
+                     f"to; the most used {use['hot_50']} take 50% of the {use['routings']} routings "
+                     f"({use['hot_50_bytes'] / 1e9:.2f} GB), {use['hot_90']} take 90% "
+                     f"({use['hot_90_bytes'] / 1e9:.2f} GB), {use['hot_99']} take 99% "
+                     f"({use['hot_99_bytes'] / 1e9:.2f} GB)")
     lines += machine_notes(report)
     return "\n".join(lines) + "\n"
 

@@ -79,6 +79,7 @@ class QExperts(nn.Module):
         # expert its projections' (offset, nbytes) in the range; their weights are then bound for each call only
         self.stream = None
         self.layout: list[tuple[tuple[int, int], ...]] = []
+        self.uses = torch.zeros(len(experts), dtype=torch.long)  # (E,) tokens routed to each expert (`expert_use`)
 
     def read_as_routed(self, stream, layout: list[tuple[tuple[int, int], ...]]) -> None:
         """Read the experts through `stream` from now on (`layout`: per expert, its gate, up and down (offset,
@@ -101,6 +102,7 @@ class QExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)  # (T, H)
+        self.uses += torch.bincount(top_k_index.reshape(-1).cpu(), minlength=len(self.experts))
         routed = top_k_index.tolist()  # CPU sync: which experts run is decided here (T lists of k)
         by_expert: dict[int, list[tuple[int, int]]] = {}
         for token, chosen in enumerate(routed):
@@ -159,6 +161,28 @@ def shared_block_forward(block: nn.Module, hidden_states: torch.Tensor) -> torch
     routed = block.experts(x, experts, weights)  # (T, H)
     out = routed + invariant_sigmoid(block.shared_expert_gate(x)) * shared
     return out.reshape(batch, seq, hidden)
+
+
+def expert_use(model: nn.Module) -> Optional[dict]:
+    """How a mixture's routing spreads over its experts since it was loaded (every token of every pass, prompts
+    included): the experts used, and how many of the most used ones (and their bytes) take 50, 90 and 99% of the
+    routings. None for a dense model."""
+    blocks = [m for m in model.modules() if isinstance(m, QExperts)]
+    if not blocks:
+        return None
+    counts = torch.cat([b.uses for b in blocks])  # (layers * E,)
+    total = int(counts.sum())
+    ranked = counts.sort(descending=True).values.double()
+    share = ranked.cumsum(0) / max(total, 1)  # (layers * E,) the routings the n most used take
+    first = blocks[0].experts[0]
+    per_expert = sum(int(torch.Size(m.qweight.shape).numel()) for m in (first.gate_proj, first.up_proj,
+                                                                        first.down_proj))
+    out = {"routings": total, "experts": int(counts.numel()), "used": int((counts > 0).sum()),
+           "expert_bytes": per_expert}
+    for pct in (50, 90, 99):
+        n = int((share < pct / 100).sum()) + 1 if total else 0
+        out[f"hot_{pct}"], out[f"hot_{pct}_bytes"] = n, n * per_expert
+    return out
 
 
 def moe_paths(names: list[str]) -> dict[str, dict[int, dict[str, str]]]:
