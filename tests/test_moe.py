@@ -435,3 +435,20 @@ def test_the_expert_use_distribution_counts_every_routed_token(cache, ggufs):
     assert use["routings"] - before == len(PROMPT) * 2 * 2  # 22 tokens, 2 layers, 2 experts each
     assert use["experts"] == 16 and 0 < use["used"] <= 16 and use["hot_50"] <= use["hot_90"] <= use["hot_99"]
     assert use["hot_99_bytes"] == use["hot_99"] * use["expert_bytes"] > 0
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_the_compiled_layer_computes_the_mixtures_layer(cache, ggufs, family):
+    """The attention block in the compiled call, then the sparse block (its routed experts in one compiled call):
+    what transformers' layer computes on the same kernels, up to a norm's last bit moving an 8-bit rounding."""
+    gen = offspec.load(str(ggufs[family]), "none", budget=4, **LOAD)
+    runner = gen.engine.target
+    assert runner.layers_unsupported is None and gen.info.extra["layers"] == "compiled"
+    got = _causal(runner, PROMPT)
+    runner.layers_unsupported = "off for the test"  # transformers' layers, on the same kernels and exact attention
+    want = _causal(runner, PROMPT)
+    # a token whose two best experts are near a tie may route apart on that last bit (a 0.016 change on one token
+    # of the qwen2moe file): the rows agree to 1e-3 but for such a token and the few after it that attend to it
+    close = ((got - want).abs() <= 1e-3 * want.abs().max()).all(-1)  # (q,) rows within the dense tolerance
+    assert close.float().mean() >= 0.75 and bool(close[:4].all())
+    assert (got - want).abs().mean() <= 1e-3 * want.abs().mean()

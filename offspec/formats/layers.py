@@ -40,13 +40,15 @@ from offspec.errors import OffspecError
 
 from . import kernels
 from .attention import layer_windows
+from .experts import QExperts
 from .modules import QLinear
 
 VARIABLE = "OFFSPEC_LAYERS"
 # the decoder layer classes the compiled layer computes, by family
 FAMILY_LAYERS = {"LlamaDecoderLayer": "llama", "MistralDecoderLayer": "mistral", "Qwen2DecoderLayer": "qwen2",
                  "Qwen3DecoderLayer": "qwen3", "Gemma2DecoderLayer": "gemma2", "Gemma3DecoderLayer": "gemma3",
-                 "Phi3DecoderLayer": "phi3"}
+                 "Phi3DecoderLayer": "phi3", "Qwen3MoeDecoderLayer": "qwen3moe", "Qwen2MoeDecoderLayer": "qwen2moe",
+                 "MixtralDecoderLayer": "mixtral"}
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # layer.h's Activation
 # where each projection lives in a layer, in layer.h's order (q, k, v, o, gate, up, down); phi3 fuses q|k|v and
 # gate|up into one projection each (None: fused into the one before it)
@@ -93,6 +95,8 @@ class LayerParts(NamedTuple):
     activation: int
     window: Optional[int]  # the layer's sliding window (which of the runner's masks it takes)
     layer_idx: int
+    moe: Optional[nn.Module] = None  # a mixture's sparse block: the compiled call runs the attention block alone,
+    # and this block (its router and QExperts, csrc/experts.h) runs after it
 
 
 def norm_eps(norm: nn.Module) -> Optional[float]:
@@ -110,8 +114,12 @@ def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[L
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
     if act not in ACTIVATIONS:
         return f"the {act} activation"
+    moe = _sparse_block(layer)
+    if isinstance(moe, str):
+        return moe
     projections = []
-    for i, path in enumerate(projection_paths(layer)):
+    paths = projection_paths(layer) if moe is None else (*SEPARATE[:4], None, None, None)
+    for i, path in enumerate(paths):
         module = None if path is None else layer.get_submodule(path)
         if module is not None and not isinstance(module, QLinear):
             return f"{path} holds {type(module).__name__} weights, not ggml blocks"
@@ -137,7 +145,17 @@ def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[L
     return LayerParts(tuple(projections), tuple(projections[:3]), norms, eps.pop(), offsets.pop(),
                   config.num_attention_heads, config.num_key_value_heads, head_dim, float(attn.scaling),
                   float(getattr(attn, "attn_logit_softcapping", None) or 0.0), ACTIVATIONS[act], window,
-                  attn.layer_idx)
+                  attn.layer_idx, moe)
+
+
+def _sparse_block(layer: nn.Module) -> Union[None, nn.Module, str]:
+    """A mixture's sparse block (offspec's QExperts in it), None for a dense layer, or why it cannot run."""
+    block = getattr(layer, "mlp", None)
+    if block is None or not hasattr(block, "experts"):
+        return None
+    if not isinstance(block.experts, QExperts):
+        return f"{type(block).__name__}'s experts are not ggml blocks"
+    return block
 
 
 def _has(layer: nn.Module, path: str) -> bool:
@@ -202,4 +220,7 @@ def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs
         parts.offset, cos[0].float().contiguous(), sin[0].float().contiguous(), k_cache, v_cache, cache.write_slots,
         cache.kv_len, visible[parts.window], parts.heads, parts.kv_heads, parts.head_dim, parts.scaling,
         parts.softcap, parts.activation)  # (q, hidden)
+    if parts.moe is not None:  # the attention block ran: now the sparse block, as transformers' layer runs it
+        x = layer.post_attention_layernorm(out[None])  # (1, q, hidden)
+        return out[None] + parts.moe(x)
     return out[None]

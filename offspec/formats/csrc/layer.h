@@ -103,7 +103,8 @@ enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
 
 // h (M, E) float32 hidden states in; returns h after the layer.
 // weights (7): q, k, v, o, gate, up, down as ggml block rows (their types in `types`); where the model fuses them,
-//   q holds q|k|v stacked (k and v None) and gate holds gate|up stacked (up None);
+//   q holds q|k|v stacked (k and v None) and gate holds gate|up stacked (up None); gate, up and down all None: the
+//   attention block alone, h after its residual add (a mixture of experts, whose sparse block runs apart);
 // biases (3): q, k, v (or None); norms (6): input, post-attention (or None), pre-MLP, post-MLP (or None), q and k
 //   per-head norms (or None); cos, sin (M, R) with R <= D; k_cache, v_cache (1, Hkv, capacity, D) buffers whose
 //   slots `slots` (M,) the new keys and values are written to; attention over slots [0, kv_len) as `visible`
@@ -174,6 +175,7 @@ inline torch::Tensor decoder_layer(torch::Tensor h, std::vector<std::optional<to
   torch::Tensor a = layer::project(att, weights[3], types[3]);  // (M, E)
   if (norms[1].has_value()) a = layer::rms_norm(a, *norms[1], fe, off);
   torch::Tensor out = h + a;  // (M, E)
+  if (!weights[4].has_value() && !weights[6].has_value()) return out;  // no MLP: a mixture's experts run apart
 
   // MLP: down(act(gate(x)) * up(x))
   x = layer::rms_norm(out, *norms[2], fe, off);
