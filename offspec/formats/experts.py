@@ -101,42 +101,36 @@ class QExperts(nn.Module):
         return len(self.experts)
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)  # (T, H)
-        self.uses += torch.bincount(top_k_index.reshape(-1).cpu(), minlength=len(self.experts))
-        routed = top_k_index.tolist()  # CPU sync: which experts run is decided here (T lists of k)
-        by_expert: dict[int, list[tuple[int, int]]] = {}
-        for token, chosen in enumerate(routed):
-            for slot, e in enumerate(chosen):
-                by_expert.setdefault(int(e), []).append((token, slot))
-        held = self._bind(self.stream.fetch(sorted(by_expert))) if self.stream is not None else []
+        counts = torch.bincount(top_k_index.reshape(-1).cpu(), minlength=len(self.experts))  # (E,)
+        self.uses += counts
+        routed = counts.nonzero().reshape(-1).tolist()  # CPU sync: the experts that run, ascending
+        held = self._bind(self.stream.fetch(routed)) if self.stream is not None else []
         if self.stream is not None:
             self.stream.prefetch(x)  # the next layer's experts, read while these compute
         try:
-            self._run(x, by_expert, top_k_index, top_k_weights, out)
+            return self._run(x, routed, top_k_index, top_k_weights)
         finally:
             for linear, placeholder in held:  # the routed experts' views go: the cache may reuse their slots
                 linear._buffers["qweight"] = placeholder
-        return out
 
-    def _run(self, x: torch.Tensor, by_expert: dict, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-             out: torch.Tensor) -> None:
+    def _run(self, x: torch.Tensor, routed: list[int], top_k_index: torch.Tensor,
+             top_k_weights: torch.Tensor) -> torch.Tensor:
+        """(T, H): each token's experts' outputs times their weights, added in ascending expert order."""
         ext = kernels.compiled() if x.device.type == "cpu" and x.dtype == torch.float32 else None
         act = _ACTIVATIONS.get(type(self.act_fn).__name__)
         if ext is not None and act is not None:  # the routed experts in one call (csrc/experts.h), the same bits
-            routed = sorted(by_expert)
-            linears = [(self.experts[e].gate_proj, self.experts[e].up_proj, self.experts[e].down_proj) for e in routed]
-            out.copy_(ext.experts_ffn(x.contiguous(), top_k_index, top_k_weights, torch.tensor(routed),
-                                      [g.qweight for g, _, _ in linears], [u.qweight for _, u, _ in linears],
-                                      [d.qweight for _, _, d in linears],
-                                      [m.kernel_type for trio in linears for m in trio], act))
-            return
-        for e in sorted(by_expert):  # ascending: a token adds its experts in the same order in any pass
-            tokens = torch.tensor([t for t, _ in by_expert[e]])  # (n,)
-            slots = torch.tensor([s for _, s in by_expert[e]])  # (n,)
+            trios = [(self.experts[e].gate_proj, self.experts[e].up_proj, self.experts[e].down_proj) for e in routed]
+            return ext.experts_ffn(x.contiguous(), top_k_index, top_k_weights, torch.tensor(routed),
+                                   [g.qweight for g, _, _ in trios], [u.qweight for _, u, _ in trios],
+                                   [d.qweight for _, _, d in trios], [m.kernel_type for t in trios for m in t], act)
+        out = torch.zeros_like(x)  # (T, H)
+        for e in routed:  # ascending: a token adds its experts in the same order in any pass
+            tokens, slots = (top_k_index == e).nonzero(as_tuple=True)  # (n,) each: token order
             expert = self.experts[e]
             rows = x[tokens]  # (n, H)
             y = expert.down_proj(self.act_fn(expert.gate_proj(rows)) * expert.up_proj(rows))  # (n, H)
             out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None].to(y.dtype))
+        return out
 
     def extra_repr(self) -> str:
         return f"{len(self.experts)} experts"

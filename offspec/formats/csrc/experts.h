@@ -3,11 +3,14 @@
 // row adds its result times its routing weight (w (T, k)) to its output row, as transformers' loop and
 // QExperts' torch path do: the product first, then the add, row by row, experts in ascending order. So a row's bits
 // depend on that row alone (qgemm is row-invariant, the activation elementwise): a tree node equals the token
-// decoded alone. What it saves is about 12 dispatched torch operations per routed expert.
+// decoded alone. What it saves is about 12 dispatched torch operations per routed expert, and two forks of the
+// threads per expert: the experts are spread over the threads instead.
 //
 // Included by ggml_cpu.cpp after `qgemm` and `qgemm_many`.
 
 #pragma once
+
+#include <atomic>
 
 namespace offspec {
 
@@ -33,18 +36,24 @@ inline torch::Tensor experts_ffn(torch::Tensor x, torch::Tensor idx, torch::Tens
   const int64_t* ip = idx.data_ptr<int64_t>();
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  std::vector<std::vector<int64_t>> rows(n);  // per routed expert: the tokens routed to it, in token order
+  std::vector<std::vector<float>> weights(n);  // and their routing weights
   for (int64_t j = 0; j < n; j++) {
     const int64_t e = ids.data_ptr<int64_t>()[j];
-    std::vector<int64_t> rows;  // the tokens routed to e, in token order, and their routing weights
-    std::vector<float> weights;
     for (int64_t t = 0; t < T; t++)
       for (int64_t s = 0; s < K; s++)
         if (ip[t * K + s] == e) {
-          rows.push_back(t);
-          weights.push_back(wp[t * K + s]);
+          rows[j].push_back(t);
+          weights[j].push_back(wp[t * K + s]);
         }
-    if (rows.empty()) continue;
-    auto picked = torch::from_blob(rows.data(), {(int64_t)rows.size()}, torch::kLong);
+  }
+  // each expert's rows through its three products, one expert per thread at a time (its products then run on that
+  // thread alone: a nested fork runs inline), so that a one-token pass forks once per layer, not three times per
+  // expert; which thread computes an expert changes no bits
+  std::vector<torch::Tensor> ys(n);  // (r_j, H) per routed expert
+  auto run = [&](int64_t j) {
+    if (rows[j].empty()) return;
+    auto picked = torch::from_blob(rows[j].data(), {(int64_t)rows[j].size()}, torch::kLong);
     torch::Tensor xs = x.index_select(0, picked);  // (r, H)
     auto gu = qgemm_many(xs, {gates[j], ups[j]}, {types[3 * j], types[3 * j + 1]}, H);
     torch::Tensor g = gu[0];  // (r, I)
@@ -53,12 +62,24 @@ inline torch::Tensor experts_ffn(torch::Tensor x, torch::Tensor idx, torch::Tens
     } else {
       at::silu_(g).mul_(gu[1]);
     }
-    torch::Tensor d = qgemm(g, downs[j], types[3 * j + 2], g.size(1));  // (r, H)
-    const float* dp = d.data_ptr<float>();
-    for (size_t r = 0; r < rows.size(); r++) {
-      float* o = op + rows[r] * H;
+    ys[j] = qgemm(g, downs[j], types[3 * j + 2], g.size(1));  // (r, H)
+  };
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  if (threads <= 1 || at::in_parallel_region()) {
+    for (int64_t j = 0; j < n; j++) run(j);
+  } else {
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+      for (int64_t j; (j = next.fetch_add(1, std::memory_order_relaxed)) < n;) run(j);
+    });
+  }
+  for (int64_t j = 0; j < n; j++) {  // ascending experts, each row's product then its add, as the torch steps
+    if (rows[j].empty()) continue;
+    const float* dp = ys[j].data_ptr<float>();
+    for (size_t r = 0; r < rows[j].size(); r++) {
+      float* o = op + rows[j][r] * H;
       const float* y = dp + r * H;
-      const float c = weights[r];
+      const float c = weights[j][r];
       for (int64_t h = 0; h < H; h++) {
         const float p = y[h] * c;  // rounded, then added (no fused multiply-add: -ffp-contract=off)
         o[h] = o[h] + p;
