@@ -452,3 +452,28 @@ def test_the_compiled_layer_computes_the_mixtures_layer(cache, ggufs, family):
     close = ((got - want).abs() <= 1e-3 * want.abs().max()).all(-1)  # (q,) rows within the dense tolerance
     assert close.float().mean() >= 0.75 and bool(close[:4].all())
     assert (got - want).abs().mean() <= 1e-3 * want.abs().mean()
+
+
+def test_the_placement_keeps_the_dense_parts_and_gives_the_rest_to_the_expert_cache():
+    """Scripted sizes: 8 layers of 100 MB, 80 of them 8 experts of 10 MB. The dense parts and the resident parts
+    first, then whole 10 MB slots; fewer slots than one layer's experts is too small a budget (the error says what
+    would do); --experts whole streams the layers whole."""
+    from offspec.config import OffloadConfig
+    from offspec.offload.placement import ModelSizes, plan_placement
+
+    M = 10**6
+    sizes = ModelSizes(layer_bytes=(100 * M,) * 8, file_bytes=101 * M, other_bytes=10 * M, kv_bytes=5 * M,
+                       activation_bytes=5 * M, expert_bytes=(80 * M,) * 8, expert_unit=10 * M, experts_per_layer=8,
+                       experts_used=2)
+    cpu = torch.device("cpu")
+    placed = plan_placement(sizes, cpu, OffloadConfig(device_mem=20 * M + 160 * M + 85 * M))
+    assert placed.tiers == ("device",) * 8 and placed.expert_cache_bytes == 80 * M  # 8 whole slots of the 85 MB
+    assert placed.bytes_in("device") == 160 * M and placed.device_bytes == 20 * M + 160 * M + 80 * M
+    assert placed.device_breakdown()["expert cache"] == 80 * M and "experts from SSD as routed" in placed.describe()
+    assert placed.predicted_pass_seconds == pytest.approx((160 + 8 * 2 * 10 + 10) * M / 12e9)  # routed experts only
+    with pytest.raises(OffspecError, match=r"use --device-mem 2\d\dMB or more"):  # 7 slots: too few
+        plan_placement(sizes, cpu, OffloadConfig(device_mem=20 * M + 160 * M + 75 * M))
+    whole = plan_placement(sizes, cpu, OffloadConfig(device_mem=500 * M, experts="whole"))
+    assert whole.expert_cache_bytes == 0 and "ssd" in whole.tiers
+    fits = plan_placement(sizes, cpu, OffloadConfig(device_mem=900 * M))
+    assert fits.expert_cache_bytes == 0 and fits.tiers == ("device",) * 8

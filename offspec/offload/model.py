@@ -138,17 +138,18 @@ def model_sizes(sk: Skeleton, dtype: torch.dtype, config: OffloadConfig, extra_b
                       + (runtime_bytes if device.type == "cpu" else 0),
                       head_bytes=head_bytes, head_buffer_bytes=head_buffer,
                       headroom_bytes=int(config.device_mem * CPU_HEADROOM) if _precise(device, config) else 0,
-                      shared_bytes=tuple(shared_bytes), **_expert_sizes(sk.plans))
+                      shared_bytes=tuple(shared_bytes), **_expert_sizes(sk.plans, sk.model.config))
 
 
-def _expert_sizes(plans: list) -> dict:
+def _expert_sizes(plans: list, config: Any) -> dict:
     """ModelSizes' expert fields from the layers' ranges (their dense part first, then one per expert)."""
     if not any(p.ranges for p in plans):
         return {}
     experts = [p.ranges[1:] for p in plans]
     return dict(expert_bytes=tuple(sum(n for _, n, _ in e) for e in experts),
                 expert_unit=max((page_round(n) for e in experts for _, n, _ in e), default=0),
-                experts_per_layer=max(len(e) for e in experts))
+                experts_per_layer=max(len(e) for e in experts),
+                experts_used=int(getattr(config, "num_experts_per_tok", 0) or 0))
 
 
 def _decode_workspace(sk: Skeleton, device: torch.device) -> int:

@@ -60,6 +60,7 @@ class ModelSizes:
     expert_bytes: tuple[int, ...] = ()
     expert_unit: int = 0
     experts_per_layer: int = 0
+    experts_used: int = 0  # experts a token is routed to in each layer (the predicted pass reads that many)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ class Placement:
         """Small-tree pass time: the larger of moving the streamed weights and reading every weight once."""
         bw = self.bandwidth or ASSUMED_BANDWIDTH.get(self.device, ASSUMED_BANDWIDTH["cpu"])
         stream = max(self.bytes_per_pass / bw["link"], (self.bytes_in("ssd") + self.streamed_head_bytes) / bw["disk"])
-        compute = (sum(self.sizes.layer_bytes) + self.sizes.other_bytes) / bw["memory"]
+        routed = len(self.tiers) * self.sizes.experts_used * self.sizes.expert_unit if self.experts_cached else 0
+        compute = (sum(self.placed_bytes) + routed + self.sizes.other_bytes) / bw["memory"]  # a one-token pass
         return max(stream, compute)
 
     def summary(self) -> dict:
@@ -319,7 +321,8 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
     ssd_ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd=True)  # some layers on SSD
     room = device_budget - resident - ring
     if room < 0:
-        need = resident + (ssd_ring + staging if host_is_device and ram_budget < sum(layer) else ring)
+        need = _least(resident + (ssd_ring + staging if host_is_device and ram_budget < sum(layer) else ring),
+                      sizes, resident, config, host_is_device)
         raise OffspecError(
             f"device memory budget {format_size(device_budget)} is too small: the resident parts need "
             f"{format_size(resident)} (embeddings, LM head, KV caches, activations, draft, workspace, headroom) plus "
@@ -342,7 +345,9 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
                 raise OffspecError(
                     f"device memory budget {format_size(device_budget)} is too small: resident parts, streaming "
                     f"slots and SSD staging buffers need {format_size(resident + ssd_ring + staging)}; use "
-                    f"--device-mem {_suggest_budget(resident + ssd_ring + staging, sizes)} or more, "
+                    f"--device-mem "
+                    f"{_suggest_budget(_least(resident + ssd_ring + staging, sizes, resident, config, True), sizes)} "
+                    f"or more, "
                     f"give a --ram-mem for the streamed layers, or lower --max-context / --max-budget"
                     f"{_draft_hint(sizes)}")
             on_device, in_ram = place(room, ram_budget)
@@ -355,6 +360,15 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
     tiers = tuple("device" if i in on_device else "ram" if i in in_ram else "ssd" for i in range(n))
     ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd="ssd" in tiers)
     return Placement(tiers=tiers, ring_bytes=ring, staging_bytes=staging, **base)
+
+
+def _least(need: int, sizes: ModelSizes, resident: int, config: OffloadConfig, host_is_device: bool) -> int:
+    """The smaller of `need` (layers streamed whole) and what a mixture's experts read as routed need: the dense
+    parts and one layer's experts beside the resident parts."""
+    if config.experts != "auto" or not _expert_cache(sizes, 1 << 62, host_is_device):
+        return need
+    dense = sum(b - e for b, e in zip(sizes.layer_bytes, sizes.expert_bytes))
+    return min(need, resident + dense + sizes.experts_per_layer * sizes.expert_unit)
 
 
 def _expert_cache(sizes: ModelSizes, room: int, host_is_device: bool) -> int:
