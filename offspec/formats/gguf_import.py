@@ -11,8 +11,8 @@ and decides, per tensor:
   there, IQ and TQ types included) is refused in one line naming the type (`OffspecError`); nothing is ever
   expanded to float32.
 A mixture of experts (qwen3moe, qwen2moe, Mixtral: a llama file with experts) keeps its blocks too: each stacked
-`ffn_{gate,up,down}_exps` tensor becomes one tensor per expert, and a layer's experts are stored expert by expert
-(gate, up, down of expert 0, then of expert 1, ...: formats/experts.py), the router its F32 rows.
+`ffn_{gate,up,down}_exps` tensor becomes one tensor per expert (the store lays a layer's experts out expert by
+expert: models/convert.py, formats/experts.expert_groups), the router its F32 rows.
 Architectures whose GGUF tensors need more than a row reorder (fused or transposed layouts) are not
 importable (`ImportUnsupported`); the caller then falls back to a float conversion. A tensor of the file that the
 model has no place for is an error, never dropped (the float fallback checks the same:
@@ -116,17 +116,6 @@ def _expert_plans(t: Any, hf_name: str) -> list[TensorPlan]:
                        expert=e) for e in range(experts)]
 
 
-def _expert_order(plans: list[TensorPlan]) -> list[TensorPlan]:
-    """A layer's plans with its experts last, expert by expert (gate, up, down): one expert's blocks together."""
-    from .experts import EXPERT_NAME, PROJECTIONS
-
-    def key(p: TensorPlan) -> tuple:
-        m = EXPERT_NAME.match(p.name)
-        return (1, m["owner"], int(m["e"]), PROJECTIONS.index(m["proj"])) if m else (0, "", 0, 0)
-
-    return sorted(plans, key=key)  # stable: the other tensors keep the file's order
-
-
 def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
     """Decide how each tensor of `gguf_path` is stored; `config` is transformers' config of the file."""
     import gguf
@@ -184,7 +173,6 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
             plan.embed.append(tp)
         else:
             plan.other.append(tp)
-    plan.layers = [_expert_order(tensors) for tensors in plan.layers]
     missing = expected - found
     if config.tie_word_embeddings:
         missing = {k for k in missing if k != _output_name(model)}
