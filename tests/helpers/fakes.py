@@ -43,6 +43,9 @@ class BigramRunner:
     def io_counters(self) -> tuple[int, float]:
         return self.io.counters() if self.io is not None else (0, 0.0)
 
+    def expert_counters(self) -> tuple[int, int]:
+        return (0, 0)  # a dense model: no experts read as routed (ModelRunner.expert_counters)
+
     def weights_loading(self) -> bool:
         return self.io is not None and self.io.loading()
 
