@@ -16,8 +16,10 @@ with it: a tree node equals the token decoded alone. One more step needs care: q
 the sigmoid of a (T, 1) gate, and torch's sigmoid gives some values other bits in a large tensor than alone (6 of
 300 rows here); `invariant_sigmoid` computes 1 / (1 + exp(-x)) with each row spread over a whole vector of its own.
 
-`replace_moe(layer, ...)` swaps them into a weightless transformers layer; `moe_paths(names)` finds, from a layer's
-stored tensor names, where its experts and router live.
+`replace_moe(layer, ...)` swaps them into a weightless transformers layer; `moe_paths(names)` and `expert_groups`
+find, from a layer's stored tensor names, where its experts live and how the store lays them out;
+`QExperts.read_as_routed` makes a layer fetch its routed experts from an expert cache (offspec/offload/experts.py)
+at each call; `expert_use(model)` summarizes how the routing spread over the experts.
 """
 
 from __future__ import annotations
