@@ -17,6 +17,7 @@ import re
 
 import pytest
 import torch
+from helpers.references import causal, transformers_reference
 from helpers.tiny_gguf import FAMILIES, save_tiny_gguf
 
 import offspec
@@ -54,23 +55,6 @@ def cache(tmp_path, monkeypatch):
     return root
 
 
-def _reference(gguf):
-    """transformers' own model of the file, float32, with the config offspec derived from it (tested below)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(str(converted_dir(gguf_key(gguf))))
-    return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                config=config).eval()
-
-
-def _causal(runner, tokens: list[int]) -> torch.Tensor:
-    """(len(tokens), hidden) final hidden states of `tokens` from an empty cache, in one causal pass."""
-    runner.cache.truncate(0)
-    pos = torch.arange(len(tokens))  # (q,)
-    visible = torch.ones((len(tokens), len(tokens)), dtype=torch.bool).tril()  # (q, q)
-    return runner.forward(torch.tensor(tokens), pos, pos, visible)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_family_converts_with_its_blocks_and_computes_what_transformers_computes(cache, ggufs, family,
                                                                                    monkeypatch):
@@ -85,9 +69,9 @@ def test_a_family_converts_with_its_blocks_and_computes_what_transformers_comput
     assert manifest["weights"] == "ggml" and sum(manifest["types"].values()) == quantized  # every block, as it is
     assert gen.info.extra["family"] == RUNS_AS.get(family, family) and gen.info.extra["verified"] is True
     runner = gen.engine.target
-    got = runner.logits(_causal(runner, PROMPT))  # (q, V)
+    got = runner.logits(causal(runner, PROMPT))  # (q, V)
     with torch.no_grad():
-        want = _reference(ggufs[family])(torch.tensor([PROMPT])).logits[0]
+        want = transformers_reference(ggufs[family])(torch.tensor([PROMPT])).logits[0]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
@@ -96,14 +80,14 @@ def test_the_compiled_layer_computes_the_familys_layer(cache, ggufs, family):
     gen = offspec.load(str(ggufs[family]), "none", budget=4, **LOAD)
     runner = gen.engine.target
     assert runner.layers_unsupported is None and gen.info.extra["layers"] == "compiled"
-    got = _causal(runner, PROMPT)
+    got = causal(runner, PROMPT)
     runner.layers_unsupported = "off for the test"  # transformers' layers, on the same kernels and exact attention
-    want = _causal(runner, PROMPT)
+    want = causal(runner, PROMPT)
     # the same operations; a last bit of difference in a norm may move an 8-bit activation rounding, no more
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * want.abs().max().item())
     # and the low-bit model stays near the float one (its 8-bit activations are the only difference)
     with torch.no_grad():
-        reference = _reference(ggufs[family])(torch.tensor([PROMPT])).logits[0]
+        reference = transformers_reference(ggufs[family])(torch.tensor([PROMPT])).logits[0]
     logits = runner.logits(got)
     assert (logits - reference).abs().max() <= 0.2 * reference.abs().max()
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.8
@@ -201,7 +185,7 @@ def test_a_mistral_window_over_every_layer_is_applied(cache, tmp_path):
     gen = offspec.load(str(tmp_path / "mistral"), "none", budget=4, **LOAD)
     runner = gen.engine.target
     assert runner.windows == [6, 6]
-    got = runner.logits(_causal(runner, PROMPT))
+    got = runner.logits(causal(runner, PROMPT))
     with torch.no_grad():
         want = model(torch.tensor([PROMPT])).logits[0]
         unwindowed = MistralForCausalLM(MistralConfig(**{**config.to_dict(), "sliding_window": None}))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.references import causal, transformers_reference
 from helpers.tiny_gguf import MOE_FAMILIES, save_tiny_gguf
 
 import offspec
@@ -79,22 +80,11 @@ def _mixtral_reference(gguf: Path, config):
 
 
 def _reference(gguf: Path):
-    """transformers' own model of the file, float32, with the config offspec derived from it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """transformers' own model of the file, float32, with the config offspec derived from it (Mixtral's built apart)."""
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(converted_dir(gguf_key(gguf))))
-    if config.model_type == "mixtral":
-        return _mixtral_reference(gguf, config)
-    return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                config=config).eval()
-
-
-def _causal(runner, tokens: list[int]) -> torch.Tensor:
-    """(len(tokens), hidden) final hidden states of `tokens` from an empty cache, in one causal pass."""
-    runner.cache.truncate(0)
-    pos = torch.arange(len(tokens))  # (q,)
-    visible = torch.ones((len(tokens), len(tokens)), dtype=torch.bool).tril()  # (q, q)
-    return runner.forward(torch.tensor(tokens), pos, pos, visible)
+    return _mixtral_reference(gguf, config) if config.model_type == "mixtral" else transformers_reference(gguf)
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
@@ -118,7 +108,7 @@ def test_a_mixture_converts_with_its_blocks_and_computes_what_transformers_compu
     assert isinstance(layer.mlp.gate, QRouter) and layer.mlp.gate.top_k == 2
     assert layer.mlp.gate.normalize is (family != "qwen2moe")  # as llama.cpp routes each
     runner = gen.engine.target
-    got = runner.logits(_causal(runner, PROMPT))  # (q, V)
+    got = runner.logits(causal(runner, PROMPT))  # (q, V)
     with torch.no_grad():
         reference = _reference(ggufs[family])
         want = reference(torch.tensor([PROMPT])).logits[0]
@@ -134,7 +124,7 @@ def test_a_mixture_converts_with_its_blocks_and_computes_what_transformers_compu
 def test_the_low_bit_mixture_stays_near_the_float_one(cache, ggufs, family):
     gen = offspec.load(str(ggufs[family]), "none", budget=4, **LOAD)
     runner = gen.engine.target
-    logits = runner.logits(_causal(runner, PROMPT))
+    logits = runner.logits(causal(runner, PROMPT))
     with torch.no_grad():
         reference = _reference(ggufs[family])(torch.tensor([PROMPT])).logits[0]
     # a token whose two best experts are near a tie may route apart under the 8-bit activations (llama.cpp's too),
@@ -171,7 +161,7 @@ def test_each_experts_blocks_lie_together_and_the_entry_is_the_ggufs_size(cache,
 def _tree_equals_alone(runner, prefix: list[int], nodes: list[int]) -> None:
     """Each of `nodes`, children of the prefix's last token in one pass, gives the bits of being decoded alone."""
     n, q = len(prefix), len(nodes)
-    _causal(runner, prefix)
+    causal(runner, prefix)
     positions = torch.full((q,), n)  # (q,) every node one past the prefix
     slots = torch.arange(n, n + q)  # (q,)
     visible = torch.zeros((q, n + q), dtype=torch.bool)  # (q, kv_len)
@@ -199,7 +189,7 @@ def test_a_pass_with_many_tokens_per_expert_equals_the_chain(cache, ggufs, famil
     gen = offspec.load(str(ggufs[family]), "none", budget=4, **LOAD)
     runner = gen.engine.target
     tokens = PROMPT + PROMPT  # 44 tokens in one causal pass
-    whole = _causal(runner, tokens)
+    whole = causal(runner, tokens)
     runner.cache.truncate(0)
     for i, token in enumerate(tokens):  # one token a pass, as decoding runs
         step = runner.forward(torch.tensor([token]), torch.tensor([i]), torch.tensor([i]),
@@ -359,7 +349,7 @@ def test_the_expert_use_distribution_counts_every_routed_token(cache, ggufs):
 
     gen = offspec.load(str(ggufs["mixtral"]), "none", budget=4, **LOAD)
     before = expert_use(gen.engine.target.model)["routings"]  # the load's warm-up pass
-    _causal(gen.engine.target, PROMPT)
+    causal(gen.engine.target, PROMPT)
     use = expert_use(gen.engine.target.model)
     assert use["routings"] - before == len(PROMPT) * 2 * 2  # 22 tokens, 2 layers, 2 experts each
     assert use["experts"] == 16 and 0 < use["used"] <= 16 and use["hot_50"] <= use["hot_90"] <= use["hot_99"]
@@ -373,9 +363,9 @@ def test_the_compiled_layer_computes_the_mixtures_layer(cache, ggufs, family):
     gen = offspec.load(str(ggufs[family]), "none", budget=4, **LOAD)
     runner = gen.engine.target
     assert runner.layers_unsupported is None and gen.info.extra["layers"] == "compiled"
-    got = _causal(runner, PROMPT)
+    got = causal(runner, PROMPT)
     runner.layers_unsupported = "off for the test"  # transformers' layers, on the same kernels and exact attention
-    want = _causal(runner, PROMPT)
+    want = causal(runner, PROMPT)
     # a token whose two best experts are near a tie may route apart on that last bit (a 0.016 change on one token
     # of the qwen2moe file): the rows agree to 1e-3 but for such a token and the few after it that attend to it
     close = ((got - want).abs() <= 1e-3 * want.abs().max()).all(-1)  # (q,) rows within the dense tolerance

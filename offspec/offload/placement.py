@@ -62,6 +62,13 @@ class ModelSizes:
     experts_per_layer: int = 0
     experts_used: int = 0  # experts a token is routed to in each layer (the predicted pass reads that many)
 
+    @property
+    def dense_bytes(self) -> tuple[int, ...]:
+        """Per decoder layer, its bytes without its experts (a dense layer's: all of them)."""
+        if not self.expert_bytes:
+            return self.layer_bytes
+        return tuple(b - e for b, e in zip(self.layer_bytes, self.expert_bytes))
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -88,9 +95,7 @@ class Placement:
     @property
     def placed_bytes(self) -> tuple[int, ...]:
         """Per decoder layer, the bytes its tier holds: a layer whose experts are cached holds its dense part."""
-        if not self.experts_cached:
-            return self.sizes.layer_bytes
-        return tuple(b - e for b, e in zip(self.sizes.layer_bytes, self.sizes.expert_bytes))
+        return self.sizes.dense_bytes if self.experts_cached else self.sizes.layer_bytes
 
     @property
     def shared_layers(self) -> tuple[int, ...]:
@@ -365,21 +370,24 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
 def _least(need: int, sizes: ModelSizes, resident: int, config: OffloadConfig, host_is_device: bool) -> int:
     """The smaller of `need` (layers streamed whole) and what a mixture's experts read as routed need: the dense
     parts and one layer's experts beside the resident parts."""
-    if config.experts != "auto" or not _expert_cache(sizes, 1 << 62, host_is_device):
+    if config.experts != "auto" or not _reads_experts(sizes, host_is_device):
         return need
-    dense = sum(b - e for b, e in zip(sizes.layer_bytes, sizes.expert_bytes))
-    return min(need, resident + dense + sizes.experts_per_layer * sizes.expert_unit)
+    return min(need, resident + sum(sizes.dense_bytes) + sizes.experts_per_layer * sizes.expert_unit)
+
+
+def _reads_experts(sizes: ModelSizes, host_is_device: bool) -> bool:
+    """Can this model's experts be read as routed: a mixture, on a CPU device (a GPU's stream with their layers, for
+    now), not sharing its layers with a draft made from it (not yet)."""
+    return host_is_device and bool(sizes.expert_unit) and not sizes.shared_bytes
 
 
 def _expert_cache(sizes: ModelSizes, room: int, host_is_device: bool) -> int:
     """The expert cache of a mixture whose dense parts are all resident in `room`: what is left of it, in whole
-    slots (`expert_unit`); 0 where that is less than one layer's experts, or this is no mixture, or a draft made
-    from the target shares its layers (not yet), or the device is a GPU (not yet: its experts stream with their
-    layers)."""
-    if not host_is_device or not sizes.expert_unit or sizes.shared_bytes:
+    slots (`expert_unit`); 0 where that is less than one layer's experts, or its experts cannot be read as routed
+    (`_reads_experts`)."""
+    if not _reads_experts(sizes, host_is_device):
         return 0
-    left = room - sum(b - e for b, e in zip(sizes.layer_bytes, sizes.expert_bytes))
-    slots = left // sizes.expert_unit
+    slots = (room - sum(sizes.dense_bytes)) // sizes.expert_unit
     return slots * sizes.expert_unit if slots >= sizes.experts_per_layer else 0
 
 

@@ -137,7 +137,7 @@ def plan_layer(index: int, entries: Iterable[tuple], file: Optional[str] = None,
     by_name = {e[0]: e for e in entries}
     order = [[e for e in entries if e[0] not in grouped]] + [[by_name[name] for name in g] for g in groups]
     offset, tensors, ranges = 0, [], []
-    for part, chosen in enumerate(order):
+    for chosen in order:
         if groups:
             offset = _round_up(offset, HEADER)
             ranges.append(offset)
