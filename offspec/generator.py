@@ -16,12 +16,15 @@ from offspec.spec.engine import SpeculativeEngine
 from offspec.spec.grammar import TokenGrammar, grammar_tokenizer, json_schema_grammar, lark_grammar
 from offspec.spec.sampling import TokenChooser
 from offspec.util.device import sync_compute
+from offspec.util.reasoning import HARMONY, ReasoningFormat, reasoning_format
 
 from .config import GenerationConfig, OutputConfig, TreeConfig, budget_room_error, generation_configs
 from .errors import OffspecError
 from .types import GenerationResult, ModelInfo, PassStats, Prompt, StreamEvent, TextDelta, TokenLogprob
 
-MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")  # what a chat message may carry
+# what a chat message may carry (`reasoning_content`: an assistant's earlier reasoning, which templates such as
+# Qwen3's show the model within a turn of tool calls)
+MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
 
 
 class Generator:
@@ -43,6 +46,11 @@ class Generator:
         self.threads = None
         self._lock = threading.Lock()  # one generation at a time: the caches are shared state
         self._grammar_tokenizer = None  # llguidance's view of the tokenizer, built at the first constrained call
+        # how the model writes its reasoning (offspec.util.reasoning), from its chat template; None: it does not.
+        # Its markers stay in the decoded text even where they are special tokens, so that the CLI, the chat and
+        # the server can split the reasoning from the answer
+        self.reasoning: Optional[ReasoningFormat] = template_reasoning(tokenizer)
+        self._hidden = _hidden_special_ids(tokenizer, self.reasoning)
 
     # --- text <-> tokens -------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -80,6 +88,8 @@ class Generator:
             raise OffspecError("messages must be a list of {'role': ..., 'content': ...} dicts") from None
         if not getattr(self.tokenizer, "chat_template", None):
             raise OffspecError("this model's tokenizer has no chat template; pass a plain string prompt")
+        if self.reasoning is not None and self.reasoning.kind == HARMONY:  # gpt-oss's template reads it as `thinking`
+            messages = [{**m, "thinking": m["reasoning_content"]} if "reasoning_content" in m else m for m in messages]
         extra = {"tools": list(tools)} if tools else {}
         try:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
@@ -101,8 +111,11 @@ class Generator:
         return ids
 
     def decode(self, ids: Sequence[int], special: bool = False) -> str:
-        """Token ids -> text, without special tokens (with them: `special`, as tool-call markers can be)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=not special)
+        """Token ids -> text, without special tokens (with them: `special`, as tool-call markers can be) but the
+        reasoning's markers (`self.reasoning.markers`)."""
+        if special or self._hidden is None:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=not special)
+        return self.tokenizer.decode([t for t in ids if t not in self._hidden], skip_special_tokens=False)
 
     def close(self) -> None:
         """Release a streamed target's ring slots, staging buffers and RAM-tier copies (pinned host memory on
@@ -244,6 +257,36 @@ class Generator:
                                stop_reason=stop_reason, prompt_tokens=len(prompt_ids), reused_prompt_tokens=reused,
                                prefill_seconds=prefill_seconds,
                                logprobs=logprobs if chooser.top_logprobs is not None else None)
+
+
+def template_reasoning(tokenizer) -> Optional[ReasoningFormat]:
+    """The reasoning format of the tokenizer's chat template, and whether its generation prompt opens the
+    reasoning (rendered for one user message: offspec passes a template no options, so every chat's is the same)."""
+    template = getattr(tokenizer, "chat_template", None)
+    found = reasoning_format(template)
+    if found is None:
+        return None
+    probe = [{"role": "user", "content": "Hi"}]
+    try:
+        whole = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+        before = tokenizer.apply_chat_template(probe, add_generation_prompt=False, tokenize=False)
+    except Exception:  # a template that cannot render one user message renders no chat: encode() says why then
+        return found
+    if not isinstance(whole, str) or not isinstance(before, str):
+        return found
+    return reasoning_format(template, whole[len(before):] if whole.startswith(before) else whole)
+
+
+def _hidden_special_ids(tokenizer, fmt: Optional[ReasoningFormat]) -> Optional[set[int]]:
+    """The special tokens `decode` leaves out where some of the reasoning's markers are special tokens (gpt-oss's
+    `<|channel|>`, ...); None where none is (decoding skips special tokens as usual)."""
+    if fmt is None:
+        return None
+    added = dict(getattr(tokenizer, "added_tokens_decoder", None) or {})
+    special = {int(i) for i, t in added.items() if getattr(t, "special", False)}
+    special |= {int(i) for i in getattr(tokenizer, "all_special_ids", None) or ()}
+    kept = {int(i) for i, t in added.items() if str(t) in fmt.markers} & special
+    return special - kept if kept else None
 
 
 def _token_name(tokenizer, token: int) -> str:

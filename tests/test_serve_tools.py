@@ -142,13 +142,13 @@ def test_the_call_grammars(tok, special):
 
 
 def test_tool_stream_sends_text_at_once_and_calls_at_the_end():
-    stream = ToolStream(Hermes(), lambda ids: "".join(ids), ["get_weather"])
-    sent = "".join(stream.feed(list(piece)) for piece in ["Let me ", "check. <tool", CALL[5:]])
+    stream = ToolStream(Hermes(), ["get_weather"])
+    sent = "".join(stream.feed(piece) for piece in ["Let me ", "check. <tool", CALL[5:]])
     assert sent == "Let me check. "
     rest, calls = stream.finish()
     assert rest == "" and [c.name for c in calls] == ["get_weather"]
-    broken = ToolStream(Hermes(), lambda ids: "".join(ids), ["get_weather"])
-    broken.feed(list("<tool_call>\n{oops"))
+    broken = ToolStream(Hermes(), ["get_weather"])
+    broken.feed("<tool_call>\n{oops")
     assert broken.finish() == ("<tool_call>\n{oops", ())  # no well-formed call: the reply is text
 
 

@@ -36,7 +36,10 @@ def chat_markdown(title: str, system_prompt: str, messages: Sequence[StoredMessa
         heading = ROLE_TITLES.get(message.role, message.role.title())
         if message.status != DONE:
             heading += f" ({message.status})"
-        lines += [f"## {heading}", "", message.content, ""]
+        lines += [f"## {heading}", ""]
+        if message.reasoning:  # folded, as the chat shows it (GitHub and most Markdown viewers fold <details>)
+            lines += ["<details><summary>Reasoning</summary>", "", message.reasoning, "", "</details>", ""]
+        lines += [message.content, ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

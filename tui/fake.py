@@ -2,6 +2,8 @@
 
 It streams the words of a scripted reply a few tokens per pass, with small PassStats (tree included),
 records every call, and can hold between passes until the caller cancels (deterministic cancel tests).
+`reasoning` stands for the format a real generator reads from its chat template (e.g. `<think>` blocks in the
+scripted reply are then the model's reasoning).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 from offspec.progress import ProgressEvent, ProgressFn
 from offspec.types import GenerationResult, ModelInfo, PassStats, StreamEvent, TextDelta, TreeSnapshot
+from offspec.util.reasoning import ReasoningFormat
 
 DEFAULT_REPLY = ("Here is a reply with **Markdown** and code:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\n"
                  "Speculative decoding verifies a whole tree of drafted tokens in one target pass.")
@@ -45,8 +48,9 @@ class FakeGenerator:
     def __init__(self, reply: Union[str, Callable[[list], str]] = DEFAULT_REPLY, *, tokens_per_pass: int = 3,
                  pass_seconds: float = 0.0, hold_after_passes: Optional[int] = None, budget_source: str = "profile",
                  default_budget: int = 32, device: str = "cpu", io_fraction: float = 0.6,
-                 gate: Optional[threading.Semaphore] = None):
+                 gate: Optional[threading.Semaphore] = None, reasoning: Optional[ReasoningFormat] = None):
         self.reply = reply
+        self.reasoning = reasoning  # as offspec.Generator.reasoning
         self.tokens_per_pass = tokens_per_pass
         self.pass_seconds = pass_seconds
         self.hold_after_passes = hold_after_passes  # after this many passes, wait for `cancel` before going on

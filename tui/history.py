@@ -53,6 +53,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE messages ADD COLUMN stats TEXT NOT NULL DEFAULT '{}'",
         "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ),
+    # a reply's reasoning (offspec.util.reasoning), apart from its answer in `content`
+    3: ("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -74,6 +76,7 @@ class StoredMessage:
     status: str = DONE
     stats: dict = field(default_factory=dict)
     created_at: float = 0.0
+    reasoning: str = ""  # a reply's reasoning (what the model wrote before its answer, `content`)
 
 
 def _chat(row: sqlite3.Row) -> Chat:
@@ -86,7 +89,7 @@ def _message(row: sqlite3.Row) -> StoredMessage:
     except ValueError:
         stats = {}
     return StoredMessage(row["id"], row["chat_id"], row["role"], row["content"], row["status"], stats,
-                         row["created_at"])
+                         row["created_at"], row["reasoning"] or "")
 
 
 _CORRUPT_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
@@ -316,9 +319,11 @@ class HistoryStore:
         return chat, user, reply
 
     def update_message(self, message_id: int, content: str, *, status: Optional[str] = None,
-                       stats: Optional[dict] = None) -> None:
+                       stats: Optional[dict] = None, reasoning: Optional[str] = None) -> None:
         with self._tx("saving a reply") as db:
             db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+            if reasoning is not None:
+                db.execute("UPDATE messages SET reasoning = ? WHERE id = ?", (reasoning, message_id))
             if status is not None:
                 db.execute("UPDATE messages SET status = ? WHERE id = ?", (status, message_id))
             if stats is not None:

@@ -142,21 +142,24 @@ def salvage(damaged: Path, store) -> tuple[int, int, int]:
             tables = {name: {c[1] for c in db.execute(f"PRAGMA table_info({name})").fetchall()}
                       for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()}
             chats = _rows(db, "chats", "id, title, system_prompt, created_at, updated_at") if "chats" in tables else []
-            messages, stats, settings = [], {}, []
+            messages, stats, reasoning, settings = [], {}, {}, []
             if "messages" in tables:
                 messages = _rows(db, "messages", "id, chat_id, role, content, status, created_at")
                 if "stats" in tables["messages"]:  # a version-1 file has none
                     stats = {r[1]: r[2] for r in _rows(db, "messages", "id, stats")}
+                if "reasoning" in tables["messages"]:  # nor has one before version 3
+                    reasoning = {r[1]: r[2] for r in _rows(db, "messages", "id, reasoning")}
             if "settings" in tables:
                 settings = _rows(db, "settings", "key, value")
         except sqlite3.DatabaseError:  # the schema itself is unreadable: nothing to salvage
             return 0, 0, 0
         finally:
             db.close()
-    return _insert(store, chats, messages, stats, settings)
+    return _insert(store, chats, messages, stats, reasoning, settings)
 
 
-def _insert(store, chats: list[tuple], messages: list[tuple], stats: dict, settings: list[tuple]) -> tuple[int, int, int]:
+def _insert(store, chats: list[tuple], messages: list[tuple], stats: dict, reasoning: dict,
+            settings: list[tuple]) -> tuple[int, int, int]:
     now = time.time()
     n_chats = n_messages = n_settings = 0
     with store._tx("recovering the damaged history") as db:
@@ -188,8 +191,9 @@ def _insert(store, chats: list[tuple], messages: list[tuple], stats: dict, setti
                 json.loads(extra)
             except ValueError:
                 extra = "{}"
-            db.execute("INSERT OR IGNORE INTO messages (id, chat_id, role, content, status, stats, created_at) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (mid, cid, role, text, status, extra, _number(created, now)))
+            db.execute("INSERT OR IGNORE INTO messages (id, chat_id, role, content, status, stats, created_at, "
+                       "reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (mid, cid, role, text, status, extra, _number(created, now), _text(reasoning.get(mid)) or ""))
             n_messages += 1
         for _rowid, key, value in settings:
             if _text(key) is not None and _text(value) is not None:

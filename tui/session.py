@@ -34,7 +34,8 @@ class ChatSession:
         self._early: list[str] = []  # errors reported before a UI attached (`attach`)
         self.on_error = on_error or self._early.append
         self.failing = False  # the last store operation failed (errors are reported when this turns True)
-        self.unsaved: dict[int, tuple[str, Optional[str], Optional[dict]]] = {}  # id -> (text, status, stats)
+        # id -> (text, status, stats, reasoning) of the replies whose last save failed
+        self.unsaved: dict[int, tuple[str, Optional[str], Optional[dict], Optional[str]]] = {}
         saved = self._try(lambda: store.get_setting(SETTINGS_KEY), None)
         self.settings = ChatSettings.from_json(saved).with_options(overrides or {})
         self.chat: Optional[Chat] = None
@@ -129,7 +130,9 @@ class ChatSession:
         return message
 
     def engine_messages(self) -> list[dict]:
-        """The whole conversation in the engine's message format (partial replies included, empty ones not)."""
+        """The whole conversation in the engine's message format (partial replies included, empty ones not). A
+        reply is its answer alone: chat templates drop the reasoning of earlier turns (Qwen3's), or refuse it in
+        the content (gpt-oss's)."""
         out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         out += [{"role": m.role, "content": m.content} for m in self.messages if m.content or m.role == "user"]
         return out
@@ -140,36 +143,37 @@ class ChatSession:
         self.messages.append(message)
         return message
 
-    def _save(self, message_id: int, text: str, status: Optional[str] = None, stats: Optional[dict] = None) -> None:
+    def _save(self, message_id: int, text: str, status: Optional[str] = None, stats: Optional[dict] = None,
+              reasoning: Optional[str] = None) -> None:
         previous = self.unsaved.pop(message_id, None)
         if previous is not None:  # keep a final status that an earlier failed save carried
             status, stats = status or previous[1], stats if stats is not None else previous[2]
-        ok = self._try(lambda: (self.store.update_message(message_id, text, status=status, stats=stats), True)[1],
-                       False)
+            reasoning = reasoning if reasoning is not None else previous[3]
+        ok = self._try(lambda: (self.store.update_message(message_id, text, status=status, stats=stats,
+                                                          reasoning=reasoning), True)[1], False)
         if not ok:
-            self.unsaved[message_id] = (text, status, stats)
+            self.unsaved[message_id] = (text, status, stats, reasoning)
 
     def retry_unsaved(self) -> int:
         """Save again the replies whose last save failed; returns how many are still unsaved."""
-        for message_id, (text, status, stats) in list(self.unsaved.items()):
-            self._save(message_id, text, status, stats)
+        for message_id, (text, status, stats, reasoning) in list(self.unsaved.items()):
+            self._save(message_id, text, status, stats, reasoning)
             if message_id in self.unsaved:
                 break  # still failing: no need to try the others now
         return len(self.unsaved)
 
-    def save_partial(self, message_id: int, text: str) -> None:
-        """Save a reply while it grows, so a crash keeps what was shown."""
-        self._save(message_id, text)
+    def save_partial(self, message_id: int, text: str, reasoning: str = "") -> None:
+        """Save a reply while it grows (its answer and its reasoning so far), so a crash keeps what was shown."""
+        self._save(message_id, text, reasoning=reasoning)
 
-    def finish_reply(self, message_id: int, text: str, *, stop_reason: str, stats: Optional[dict] = None) -> str:
-        """Save the final text of a reply; returns its status (done, cancelled or error)."""
+    def finish_reply(self, message_id: int, text: str, *, stop_reason: str, stats: Optional[dict] = None,
+                     reasoning: str = "") -> str:
+        """Save the final answer and reasoning of a reply; returns its status (done, cancelled or error)."""
         status = {"cancelled": CANCELLED, "error": ERROR}.get(stop_reason, DONE)
         stats = dict(stats or {}, stop_reason=stop_reason)
-        self._save(message_id, text, status, stats)
-        self.messages = [
-            StoredMessage(m.id, m.chat_id, m.role, text, status, stats, m.created_at) if m.id == message_id else m
-            for m in self.messages
-        ]
+        self._save(message_id, text, status, stats, reasoning)
+        self.messages = [replace(m, content=text, status=status, stats=stats, reasoning=reasoning)
+                         if m.id == message_id else m for m in self.messages]
         return status
 
     def discard_reply(self, message_id: int) -> None:

@@ -1,5 +1,7 @@
 """Running a reply off the UI thread: the generator's stream is consumed in a daemon thread and its
 deltas are batched (about every 50 ms) into messages posted to the UI, which never blocks on a token.
+The text is split there into the model's reasoning and its answer (offspec.util.reasoning, in the format of the
+generator's `reasoning` attribute; none: all of it is the answer).
 
 A daemon thread (not the default executor) so that quitting never waits for a long target pass.
 """
@@ -13,22 +15,30 @@ from typing import Callable, Optional, Sequence
 from textual.message import Message
 
 from offspec.types import GenerationResult, GeneratorLike, PassStats, TextDelta
+from offspec.util.reasoning import ReasoningFormat, ReasoningSplitter, split_reasoning
 
 BATCH_SECONDS = 0.05
 
 
 class ReplyChunk(Message):
-    """New text of reply `reply_id`, with the statistics of the passes that produced it."""
+    """New text of reply `reply_id` (`text`: its answer, `reasoning`: its reasoning), with the statistics of the
+    passes that produced it."""
 
-    def __init__(self, reply_id: int, text: str, token_count: int, passes: tuple[PassStats, ...]):
+    def __init__(self, reply_id: int, text: str, token_count: int, passes: tuple[PassStats, ...],
+                 reasoning: str = ""):
         super().__init__()
         self.reply_id, self.text, self.token_count, self.passes = reply_id, text, token_count, passes
+        self.reasoning = reasoning
 
 
 class ReplyDone(Message):
-    def __init__(self, reply_id: int, result: GenerationResult):
+    """The reply's result, and its text split: `answer` and `reasoning` (all of it the answer by default)."""
+
+    def __init__(self, reply_id: int, result: GenerationResult, answer: Optional[str] = None, reasoning: str = ""):
         super().__init__()
         self.reply_id, self.result = reply_id, result
+        self.answer = result.text if answer is None else answer
+        self.reasoning = reasoning
 
 
 class ReplyFailed(Message):
@@ -55,10 +65,12 @@ class DeltaBatcher:
     """
 
     def __init__(self, reply_id: int, post: Post, interval: float = BATCH_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, reasoning: Optional[ReasoningFormat] = None):
         self.reply_id, self._post, self.interval, self._clock = reply_id, post, interval, clock
         self._lock = threading.Lock()
+        self._splitter = ReasoningSplitter(reasoning)
         self._texts: list[str] = []
+        self._reasoning: list[str] = []
         self._tokens = 0
         self._passes: list[PassStats] = []
         self._last_post = float("-inf")
@@ -67,7 +79,9 @@ class DeltaBatcher:
 
     def add(self, delta: TextDelta) -> None:
         with self._lock:
-            self._texts.append(delta.text)
+            split = self._splitter.feed(delta.text)
+            self._texts.append(split.answer)
+            self._reasoning.append(split.reasoning)
             self._tokens += len(delta.token_ids)
             if delta.stats is not None:
                 self._passes.append(delta.stats)
@@ -87,17 +101,22 @@ class DeltaBatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._texts and not self._passes:
+        if not self._texts and not self._reasoning and not self._passes:
             return
-        chunk = ReplyChunk(self.reply_id, "".join(self._texts), self._tokens, tuple(self._passes))
-        self._texts, self._tokens, self._passes = [], 0, []
+        chunk = ReplyChunk(self.reply_id, "".join(self._texts), self._tokens, tuple(self._passes),
+                           "".join(self._reasoning))
+        self._texts, self._reasoning, self._tokens, self._passes = [], [], 0, []
         self._last_post = self._clock()
         self.posts += 1
         _safe_post(self._post, chunk)
 
     def finish(self, message: Message) -> None:
-        """Post what is left, then `message` (the reply's end)."""
+        """Post what is left (text the splitter held back included), then `message` (the reply's end)."""
         with self._lock:
+            split = self._splitter.finish()
+            if split.answer or split.reasoning:
+                self._texts.append(split.answer)
+                self._reasoning.append(split.reasoning)
             self._flush_locked()
             _safe_post(self._post, message)
 
@@ -105,7 +124,8 @@ class DeltaBatcher:
 def run_reply(generator: GeneratorLike, messages: Sequence[dict], options: dict, cancel: threading.Event,
               reply_id: int, post: Post, interval: float = BATCH_SECONDS) -> None:
     """The thread body: stream one reply, posting chunks, then `ReplyDone` or `ReplyFailed`."""
-    batcher = DeltaBatcher(reply_id, post, interval)
+    reasoning = getattr(generator, "reasoning", None)  # a generator without one (a test's) has no reasoning split
+    batcher = DeltaBatcher(reply_id, post, interval, reasoning=reasoning)
     try:
         result: Optional[GenerationResult] = None
         for event in generator.stream(list(messages), cancel=cancel, **options):
@@ -115,7 +135,8 @@ def run_reply(generator: GeneratorLike, messages: Sequence[dict], options: dict,
                 result = event
         if result is None:
             raise RuntimeError("the generator's stream ended without a GenerationResult")
-        batcher.finish(ReplyDone(reply_id, result))
+        split = split_reasoning(result.text, reasoning)
+        batcher.finish(ReplyDone(reply_id, result, split.answer, split.reasoning))
     except BaseException as error:  # shown in the UI; the thread must never die silently
         batcher.finish(ReplyFailed(reply_id, error))
 

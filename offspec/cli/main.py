@@ -85,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     import offspec
+    from offspec.util.reasoning import held_from_start, split_reasoning
 
     options = {**generation_options(args), **output_options(args)}  # checked before loading
     if "logprobs" in options and not args.json:
@@ -93,22 +94,63 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         generator = offspec.load(progress=progress, **load_options(args))
     if args.raw:
         options["raw"] = True
+    # a reasoning model's reasoning apart from its answer; a raw prompt is a plain completion, left as it is
+    reasoning = None if args.raw else getattr(generator, "reasoning", None)
+    if "json_schema" in options or "grammar" in options:
+        reasoning = held_from_start(reasoning)
     if args.json:
         result = generator.generate(args.prompt, **options)
-        print(json.dumps(result.summary(), ensure_ascii=False))
+        split = split_reasoning(result.text, reasoning)
+        summary = {"text": split.answer, "reasoning": split.reasoning if reasoning is not None else None,
+                   **{k: v for k, v in result.summary().items() if k != "text"}}  # null: the model does not reason
+        print(json.dumps(summary, ensure_ascii=False))
         return 0
     result = None
+    out = ReasoningOutput(reasoning)
     for event in generator.stream(args.prompt, **options):
         if hasattr(event, "stop_reason"):
             result = event
         elif event.text:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-    sys.stdout.write("\n")
+            out.write(event.text)
+    out.close()
     print(f"[{len(result.token_ids)} tokens, {result.n_passes} passes, {result.tokens_per_pass:.2f} tokens/pass, "
           f"{result.tokens_per_second:.2f} tokens/s; {_prompt_part(result)}, stop: {result.stop_reason}]",
           file=sys.stderr)
     return 0
+
+
+class ReasoningOutput:
+    """`offspec generate`'s text: the answer on stdout, the reasoning (dimmed on a terminal) on stderr, so that what a
+    pipe or a file gets is the answer alone."""
+
+    def __init__(self, reasoning):
+        from offspec.util.reasoning import ReasoningSplitter
+
+        self.splitter = ReasoningSplitter(reasoning)
+        self.reasoned = False  # some reasoning went to stderr (its line is ended before the answer's first text)
+        self.dim = sys.stderr.isatty()
+
+    def write(self, text: str) -> None:
+        self._show(self.splitter.feed(text))
+
+    def close(self) -> None:
+        self._show(self.splitter.finish())
+        if self.reasoned:
+            sys.stderr.write("\n")
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    def _show(self, split) -> None:
+        if split.reasoning:
+            sys.stderr.write(f"\x1b[2m{split.reasoning}\x1b[0m" if self.dim else split.reasoning)
+            sys.stderr.flush()
+            self.reasoned = True
+        if split.answer:
+            if self.reasoned:
+                sys.stderr.write("\n")
+                self.reasoned = False
+            sys.stdout.write(split.answer)
+            sys.stdout.flush()
 
 
 def _prompt_part(result) -> str:

@@ -16,7 +16,7 @@ import sys
 import offspec
 from offspec.errors import run_cli
 from offspec.serve.app import create_app
-from offspec.serve.config import ServeConfig
+from offspec.serve.config import REASONING_FORMATS, ServeConfig
 from offspec.serve.server import Server, address, bind
 
 from .args import add_model_args, load_options
@@ -39,6 +39,10 @@ def serve_parser() -> argparse.ArgumentParser:
     s.add_argument("--queue-size", type=int, default=_SERVE.max_waiting, dest="max_waiting", metavar="N",
                    help=f"requests that may wait behind the running one; more get 429 (default {_SERVE.max_waiting})")
     s.add_argument("--model-name", help="the model id clients send and /v1/models lists (default: the target's name)")
+    s.add_argument("--reasoning-format", choices=REASONING_FORMATS, default=_SERVE.reasoning_format,
+                   help="a reasoning model's reasoning (Qwen3's <think>, gpt-oss's analysis channel): deepseek, apart "
+                        "in reasoning_content; none, left in content as written; a request's reasoning_format "
+                        f"chooses too (default {_SERVE.reasoning_format})")
     return p
 
 
@@ -49,7 +53,8 @@ def serve_main(argv: list[str]) -> int:
 def _serve(args: argparse.Namespace) -> int:
 
     config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
-                         max_waiting=args.max_waiting, model_name=args.model_name).validate()
+                         max_waiting=args.max_waiting, model_name=args.model_name,
+                         reasoning_format=args.reasoning_format).validate()
     sock = bind(config.host, config.port)  # before loading: a port in use is known at once
     try:
         generator = offspec.load(progress=TqdmProgress(), **load_options(args))

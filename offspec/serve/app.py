@@ -2,7 +2,8 @@
 
 `create_app(generator, config)` puts one `EngineQueue` in front of the generator. Every request writes one
 JSON log line on the `offspec.serve` logger (id, status, tokens, tokens/s, tokens per pass, ...). Errors
-are answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+are answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. A chat reply of a reasoning model
+(the generator's `reasoning` format) has its reasoning in `reasoning_content` (offspec/serve/reply.py).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from offspec.errors import OffspecError
 from offspec.types import GenerationResult, StreamEvent
+from offspec.util.reasoning import Split, held_from_start
 
 from .config import ServeConfig
 from .protocol import APIError, GenerationRequest, parse_chat, parse_completion
 from .queue import EngineQueue, Job, QueueFull, ShuttingDown
+from .reply import ReplyStream, whole_reply
 from .responses import Shape, finish_reason
 from .tools import ToolPlan, ToolStream, plan
 
@@ -88,6 +91,12 @@ async def _cancel_on_disconnect(request: Request, engine: EngineQueue, job: Job)
     engine.withdraw(job)
 
 
+def _text_chunk(shape: Shape, split: Split, logprobs=None) -> dict:
+    """A chunk of content and reasoning; a chunk of reasoning alone has no `content` (as llama.cpp's)."""
+    content = split.answer if split.answer or not split.reasoning else None
+    return shape.text_chunk(content, logprobs, split.reasoning)
+
+
 async def _chain(first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
     yield first
     async for event in rest:
@@ -120,6 +129,17 @@ def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
     engine = EngineQueue(generator, max_waiting=config.max_waiting)
     model_id = config.model_name or generator.info.target
     created = int(time.time())
+    reasoning = getattr(generator, "reasoning", None)  # offspec.util.reasoning's format; None: the model has none
+
+    def reasoning_of(req: GenerationRequest):
+        """The format a request's reply is split by: none for completions, nor where it asks for none."""
+        wanted = req.reasoning_format or config.reasoning_format
+        if not req.chat or wanted == "none":
+            return None
+        forced_call = req.tools is not None and req.tools.choice in ("required", "function")
+        if "json_schema" in req.options or forced_call:  # held to a grammar from the first token
+            return held_from_start(reasoning)
+        return reasoning
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -166,7 +186,8 @@ def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
         return {"id": model_id, "object": "model", "created": created, "owned_by": "offspec",
                 "offspec": {"target": info.target, "draft": info.draft, "device": info.device, "dtype": info.dtype,
                             "max_context": info.max_context, "budget": info.default_budget,
-                            "budget_source": info.extra.get("budget_source")}}
+                            "budget_source": info.extra.get("budget_source"),
+                            "reasoning": reasoning.kind if reasoning is not None else None}}
 
     @v1.get("/models")
     async def models(request: Request):
@@ -225,20 +246,25 @@ def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+        def special(ids) -> str:  # a reply with tools is read with special tokens: some formats' markers are ones
+            return generator.decode(ids, special=True)
+
         if req.stream:
-            stream = (ToolStream(tools.format, lambda ids: generator.decode(ids, special=True), req.tools.names)
-                      if tools else None)
-            return EventSourceResponse(_sse(req, shape, job, _chain(first, events), rec, stream), ping=15,
+            reply = ReplyStream(reasoning_of(req), ToolStream(tools.format, req.tools.names) if tools else None,
+                                special if tools else None)
+            return EventSourceResponse(_sse(req, shape, job, _chain(first, events), rec, reply), ping=15,
                                        shutdown_grace_period=config.shutdown_grace_seconds)
         if result.stop_reason == "cancelled":  # the client is gone: nobody reads this answer
             rec.write(499, **_result_fields(result, job))
             return JSONResponse({}, status_code=499)
-        parsed = tools.format.parse(generator.decode(result.token_ids, special=True), req.tools.names) if tools else None
+        split, parsed = whole_reply(special(result.token_ids) if tools else result.text, reasoning_of(req),
+                                    tools.format if tools else None, req.tools.names if tools else ())
         rec.write(200, **_result_fields(result, job), **({"tool_calls": len(parsed.calls)} if parsed else {}))
-        return shape.whole(result, job.queued_seconds, parsed)
+        return shape.whole(result, job.queued_seconds, parsed, split)
 
     async def _sse(req: GenerationRequest, shape: Shape, job: Job, events: AsyncIterator[StreamEvent],
-                   rec: RequestLog, tools: Optional[ToolStream]) -> AsyncIterator[str]:
+                   rec: RequestLog, reply: ReplyStream) -> AsyncIterator[str]:
         sent_tokens = 0
         try:
             yield json.dumps(shape.first_chunk())
@@ -248,17 +274,16 @@ def create_app(generator, config: ServeConfig = ServeConfig()) -> FastAPI:
                     result = event
                     continue
                 sent_tokens += len(event.token_ids)
-                text = tools.feed(event.token_ids) if tools is not None else event.text
-                if text or event.logprobs:
-                    yield json.dumps(shape.text_chunk(text, event.logprobs or None))
+                split = reply.feed(event)
+                if split.answer or split.reasoning or event.logprobs:
+                    yield json.dumps(_text_chunk(shape, split, event.logprobs or None))
+            split, calls = reply.finish()
+            if split.answer or split.reasoning:
+                yield json.dumps(_text_chunk(shape, split))
             finish = None
-            if tools is not None:
-                rest, calls = tools.finish()
-                if rest:
-                    yield json.dumps(shape.text_chunk(rest))
-                if calls:
-                    yield json.dumps(shape.tool_chunk(calls))
-                    finish = "tool_calls"
+            if calls:
+                yield json.dumps(shape.tool_chunk(calls))
+                finish = "tool_calls"
             yield json.dumps(shape.last_chunk(result, job.queued_seconds, finish))
             if req.include_usage:
                 yield json.dumps(shape.usage_chunk(result))

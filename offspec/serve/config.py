@@ -8,6 +8,10 @@ from typing import Optional
 
 from offspec.errors import OffspecError
 
+# where a reasoning model's reasoning goes (llama.cpp's names): "deepseek", apart in `reasoning_content`; "none", left
+# in `content` as the model wrote it (markers included). A request's `reasoning_format` may choose the other.
+REASONING_FORMATS = ("deepseek", "none")
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -18,10 +22,14 @@ class ServeConfig:
     max_waiting: int = 8  # requests waiting behind the running one; one more gets 429 + Retry-After
     model_name: Optional[str] = None  # the model id clients use; None = the target's name
     shutdown_grace_seconds: float = 30.0  # Ctrl-C: how long the cancelled generation may take to end its pass
+    reasoning_format: str = "deepseek"  # one of REASONING_FORMATS: the default of requests that do not say
 
     def validate(self) -> "ServeConfig":
         if not 0 <= self.port <= 65535:
             raise OffspecError(f"port must be in 0..65535, got {self.port}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise OffspecError(f"reasoning format must be {' or '.join(REASONING_FORMATS)}, got "
+                               f"{self.reasoning_format!r}")
         if self.max_waiting < 0:
             raise OffspecError(f"queue size must be >= 0, got {self.max_waiting}")
         if self.api_key is not None and not self.api_key.strip():

@@ -3,8 +3,8 @@
 `parse_chat` / `parse_completion` turn a request body into a `GenerationRequest` (what the engine runs) or
 raise `APIError` (a 400 with OpenAI's error JSON). Every request field is either supported, accepted only at
 the value that changes nothing (`presence_penalty: 0`, `echo: false`, ...), or refused with a 400 that
-names it: nothing is silently ignored. Tools, `response_format` and log-probabilities: see offspec/serve/tools.py
-and docs/serve.md.
+names it: nothing is silently ignored. Tools, `response_format`, log-probabilities and `reasoning_format`: see
+offspec/serve/tools.py and docs/serve.md.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from offspec.config import MAX_TOP_LOGPROBS, GenerationConfig, SamplingConfig
 from offspec.errors import OffspecError
 
+from .config import REASONING_FORMATS
 from .tools import ToolRequest
 
 OPENAI_TEMPERATURE = 1.0  # OpenAI's default when a request gives none (offspec's own CLI default is greedy)
@@ -51,6 +52,7 @@ class GenerationRequest:
     return_token_ids: bool = False  # an extension (as vLLM's): the completion's token ids in the choice
     user: Optional[str] = None  # OpenAI's end-user id; written to the request's log line
     tools: Optional[ToolRequest] = None  # the functions the model may call (chat), and how
+    reasoning_format: Optional[str] = None  # chat: one of REASONING_FORMATS; None: the server's default
 
 
 class _StreamOptions(BaseModel):
@@ -84,6 +86,7 @@ class _ChatBody(_Common):
     response_format: Optional[dict] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
+    reasoning_format: Optional[str] = None  # llama.cpp's extension: "deepseek" (or "auto"), or "none"
 
 
 class _CompletionBody(_Common):
@@ -163,15 +166,15 @@ def _options(body: _Common, max_tokens: Optional[int], default_max_tokens: int) 
 
 
 def _request(body: _Common, *, chat: bool, prompt: Any, max_tokens: Optional[int],
-             default_max_tokens: int, extra: Optional[dict] = None, tools: Optional[ToolRequest] = None
-             ) -> GenerationRequest:
+             default_max_tokens: int, extra: Optional[dict] = None, tools: Optional[ToolRequest] = None,
+             reasoning_format: Optional[str] = None) -> GenerationRequest:
     options = {**_options(body, max_tokens, default_max_tokens), **(extra or {})}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "'stream_options' is only allowed with stream: true", param="stream_options")
     return GenerationRequest(model=body.model, chat=chat, prompt=prompt, options=options, stream=bool(body.stream),
                              include_usage=include_usage, return_token_ids=bool(body.return_token_ids),
-                             user=body.user, tools=tools)
+                             user=body.user, tools=tools, reasoning_format=reasoning_format)
 
 
 def _text(where: str, content: Any) -> str:
@@ -191,7 +194,8 @@ def _text(where: str, content: Any) -> str:
 
 
 _MESSAGE_FIELDS = {"system": {"role", "content"}, "developer": {"role", "content"}, "user": {"role", "content"},
-                   "assistant": {"role", "content", "tool_calls"}, "tool": {"role", "content", "tool_call_id", "name"}}
+                   "assistant": {"role", "content", "tool_calls", "reasoning_content"},
+                   "tool": {"role", "content", "tool_call_id", "name"}}
 
 
 def _message(i: int, message: Any) -> dict:
@@ -212,6 +216,10 @@ def _message(i: int, message: Any) -> dict:
         out["content"] = _text(where, message["content"]) if message.get("content") is not None else ""
     else:
         out["content"] = _text(where, message.get("content"))
+    if role == "assistant" and message.get("reasoning_content") is not None:  # an answer sent back as it came
+        if not isinstance(message["reasoning_content"], str):
+            raise APIError(400, f"{where}.reasoning_content must be a string", param="messages")
+        out["reasoning_content"] = message["reasoning_content"]
     if role == "tool":
         if not isinstance(message.get("tool_call_id"), str):
             raise APIError(400, f"{where}: a tool message needs 'tool_call_id', the id of the call it answers",
@@ -294,6 +302,17 @@ def _response_format(value: Optional[dict]) -> dict:
                    param="response_format")
 
 
+def _reasoning_format(value: Optional[str]) -> Optional[str]:
+    """A request's reasoning_format (llama.cpp's names; "auto" is "deepseek"), checked."""
+    if value == "auto":
+        return "deepseek"
+    if value is not None and value not in REASONING_FORMATS:
+        raise APIError(400, f"unsupported value for 'reasoning_format': {json.dumps(value)} (offspec serve gives a "
+                            f"model's reasoning apart in reasoning_content, deepseek or auto, or leaves it in the "
+                            f"content, none)", param="reasoning_format")
+    return value
+
+
 def _top(value: Optional[int], param: str) -> None:
     if value is not None and (not 0 <= value <= MAX_TOP_LOGPROBS):
         raise APIError(400, f"invalid value for '{param}': it must be in 0..{MAX_TOP_LOGPROBS}", param=param)
@@ -322,7 +341,7 @@ def parse_chat(body: bytes, *, default_max_tokens: int) -> GenerationRequest:
     if parsed.logprobs:
         extra["logprobs"] = parsed.top_logprobs or 0
     return _request(parsed, chat=True, prompt=messages, max_tokens=max_tokens, default_max_tokens=default_max_tokens,
-                    extra=extra, tools=tools)
+                    extra=extra, tools=tools, reasoning_format=_reasoning_format(parsed.reasoning_format))
 
 
 def parse_completion(body: bytes) -> GenerationRequest:

@@ -2,7 +2,9 @@
 
 Besides OpenAI's fields, every answer (and the last chunk of a stream) carries `offspec`, the speculative
 decoding statistics (see `speculation`); `usage.prompt_tokens_details.cached_tokens` counts the prompt
-tokens whose KV cache was reused from the previous request.
+tokens whose KV cache was reused from the previous request. A reasoning model's reasoning is `reasoning_content`
+beside `content` (`message.reasoning_content`, `delta.reasoning_content`), only where it wrote some, as llama.cpp's
+server gives it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import uuid
 from typing import Callable, Optional, Sequence
 
 from offspec.types import GenerationResult, TokenLogprob
+from offspec.util.reasoning import Split
 
 from .tools import Parsed, ToolCall
 
@@ -76,17 +79,20 @@ class Shape:
                 "system_fingerprint": None}
 
     def _choice(self, text: Optional[str], finish: Optional[str], *, chunk: bool, role: bool = False,
-                logprobs: Optional[Sequence[TokenLogprob]] = None, calls: Sequence[ToolCall] = ()) -> dict:
+                logprobs: Optional[Sequence[TokenLogprob]] = None, calls: Sequence[ToolCall] = (),
+                reasoning: str = "") -> dict:
         choice: dict = {"index": 0}
+        thought = {"reasoning_content": reasoning} if reasoning else {}
         if not self.chat:
             choice["text"] = text or ""
         elif chunk:
             choice["delta"] = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
+            choice["delta"] |= thought
             if calls:
                 choice["delta"]["tool_calls"] = [c.openai(index=i) for i, c in enumerate(calls, start=self._calls)]
                 self._calls += len(calls)
         else:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": text} | thought
             if calls:
                 choice["message"]["tool_calls"] = [c.openai() for c in calls]
         choice.update(logprobs=self._logprobs(logprobs) if logprobs is not None else None, finish_reason=finish)
@@ -114,13 +120,17 @@ class Shape:
                 "top_logprobs": [{self._token(t)[0]: v for t, v in lp.top} for lp in logprobs],
                 "text_offset": offsets}
 
-    def whole(self, result: GenerationResult, queued_seconds: float, parsed: Optional[Parsed] = None) -> dict:
-        """A non-streamed answer; `parsed`: its tool calls (and the text beside them)."""
+    def whole(self, result: GenerationResult, queued_seconds: float, parsed: Optional[Parsed] = None,
+              split: Optional[Split] = None) -> dict:
+        """A non-streamed answer; `parsed`: its tool calls (and the text beside them); `split`: its text split into
+        reasoning and answer (None: all of `result.text` is the answer)."""
+        reasoning = split.reasoning if split is not None else ""
         if parsed is not None:
             choice = self._choice(parsed.content, "tool_calls", chunk=False, calls=parsed.calls,
-                                  logprobs=result.logprobs)
+                                  logprobs=result.logprobs, reasoning=reasoning)
         else:
-            choice = self._choice(result.text, finish_reason(result), chunk=False, logprobs=result.logprobs)
+            choice = self._choice(split.answer if split is not None else result.text, finish_reason(result),
+                                  chunk=False, logprobs=result.logprobs, reasoning=reasoning)
         if self.return_token_ids:
             choice["token_ids"] = list(result.token_ids)
         return self._envelope(False) | {"choices": [choice], "usage": usage(result),
@@ -130,8 +140,11 @@ class Shape:
         """A stream's first chunk: the role (chat), or an empty text (completions)."""
         return self._envelope(True) | {"choices": [self._choice("", None, chunk=True, role=True)]}
 
-    def text_chunk(self, text: str, logprobs: Optional[Sequence[TokenLogprob]] = None) -> dict:
-        return self._envelope(True) | {"choices": [self._choice(text, None, chunk=True, logprobs=logprobs)]}
+    def text_chunk(self, text: Optional[str], logprobs: Optional[Sequence[TokenLogprob]] = None,
+                   reasoning: str = "") -> dict:
+        """New text: `text` as the content (None: none in this chunk), `reasoning` as `reasoning_content`."""
+        return self._envelope(True) | {"choices": [self._choice(text, None, chunk=True, logprobs=logprobs,
+                                                                reasoning=reasoning)]}
 
     def tool_chunk(self, calls: Sequence[ToolCall]) -> dict:
         """Tool calls, each whole (name and arguments), as `delta.tool_calls`."""

@@ -393,29 +393,26 @@ def _as_text(messages: list[dict], request: Optional[ToolRequest]) -> list[dict]
 
 class ToolStream:
     """A reply with tools, streamed: its plain text as soon as it cannot be a call's beginning, its calls at the end.
-    `decode(ids)`: the reply's text with special tokens kept (the markers of some formats are special tokens)."""
+    It reads the reply's text in pieces (decoded with special tokens kept: the markers of some formats are special
+    tokens; a reasoning model's answer alone, its reasoning split off first: offspec/serve/reply.py)."""
 
-    def __init__(self, fmt: ToolFormat, decode, names: Sequence[str]):
-        self.format, self.decode, self.names = fmt, decode, names
-        self.ids: list[int] = []
+    def __init__(self, fmt: ToolFormat, names: Sequence[str]):
+        self.format, self.names = fmt, names
+        self.text = ""
         self.sent = 0  # characters of the text sent as content
 
-    def feed(self, token_ids: Sequence[int]) -> str:
+    def feed(self, text: str) -> str:
         """The content that can be sent now."""
-        self.ids.extend(token_ids)
-        text = self.decode(self.ids)
-        end = self.format.content_end(text)
-        while end > self.sent and text[end - 1] == "\ufffd":  # an unfinished character
-            end -= 1
-        piece = text[self.sent : end] if end > self.sent else ""
+        self.text += text
+        end = self.format.content_end(self.text)
+        piece = self.text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return piece
 
     def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
         """(the content not sent yet, the calls) once the reply is whole; a reply with no well-formed call is
         content to the end."""
-        text = self.decode(self.ids)
-        parsed = self.format.parse(text, self.names)
+        parsed = self.format.parse(self.text, self.names)
         if parsed is None:
-            return text[self.sent :], ()
-        return text[self.sent : max(self.sent, self.format.content_end(text))].rstrip(), parsed.calls
+            return self.text[self.sent :], ()
+        return self.text[self.sent : max(self.sent, self.format.content_end(self.text))].rstrip(), parsed.calls

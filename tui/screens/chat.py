@@ -34,7 +34,8 @@ RESOURCE_SECONDS = 2.0  # memory figures refresh
 WIDE_SCREEN = 110  # columns from which the chat list is shown at start
 EXTRA_KEYS = (
     ("enter", "Send the message"),
-    ("c", "Copy the focused message (Tab / click to focus one)"),
+    ("c", "Copy the focused message (Tab / click to focus one; a reply's answer, without its reasoning)"),
+    ("enter / click on ▶ Reasoning", "Unfold or fold a reply's reasoning (folded and dimmed above its answer)"),
     ("tab / shift+tab", "Move focus"),
     ("pageup / pagedown", "Scroll the conversation"),
     ("f1 / ?", "This help"),
@@ -172,13 +173,13 @@ class ChatScreen(Screen[None]):
         if reply is None or message.reply_id != reply.id:
             return
         reply.meter.add(message.token_count, message.passes)
-        await reply.bubble.append(message.text)
+        await reply.bubble.append(message.text, message.reasoning)
         trees = [p.tree for p in message.passes if p.tree is not None]
         if trees:
             self.query_one(TreePanel).show_tree(trees[-1])
         self.refresh_status()
         if time.monotonic() - reply.last_saved >= SAVE_SECONDS:
-            self.session.save_partial(reply.id, reply.bubble.content)
+            self.session.save_partial(reply.id, reply.bubble.content, reply.bubble.reasoning)
             reply.last_saved = time.monotonic()
 
     async def on_reply_done(self, message: ReplyDone) -> None:
@@ -190,9 +191,10 @@ class ChatScreen(Screen[None]):
         trees = [p.tree for p in result.passes if p.tree is not None]
         if trees:
             self.query_one(TreePanel).show_tree(trees[-1])
-        self.session.finish_reply(reply.id, result.text, stop_reason=result.stop_reason, stats=reply.meter.summary())
+        self.session.finish_reply(reply.id, message.answer, stop_reason=result.stop_reason,
+                                  stats=reply.meter.summary(), reasoning=message.reasoning)
         self._end_reply(reply)
-        await reply.bubble.finish(result.text, self._meta(reply.id))
+        await reply.bubble.finish(message.answer, self._meta(reply.id), message.reasoning)
 
     async def on_reply_failed(self, message: ReplyFailed) -> None:
         reply = self.reply
@@ -202,10 +204,11 @@ class ChatScreen(Screen[None]):
         log = None if is_user_error(error) else write_error_log(self.data_dir, error, "generating a reply")
         where = f" (traceback in {log})" if log else ""
         self.notify(f"Generation failed: {describe(error)}{where}", severity="error", timeout=15, markup=False)
-        text = reply.bubble.content
+        text, reasoning = reply.bubble.content, reply.bubble.reasoning
         self._end_reply(reply)
-        if text:
-            self.session.finish_reply(reply.id, text, stop_reason="error", stats=reply.meter.summary())
+        if text or reasoning:
+            self.session.finish_reply(reply.id, text, stop_reason="error", stats=reply.meter.summary(),
+                                      reasoning=reasoning)
             await reply.bubble.finish(text, self._meta(reply.id))
         else:
             self.session.discard_reply(reply.id)
@@ -227,7 +230,7 @@ class ChatScreen(Screen[None]):
             return
         self.reply.cancel.set()
         self.reply.bubble.set_meta("stopping…")
-        self.session.save_partial(self.reply.id, self.reply.bubble.content)
+        self.session.save_partial(self.reply.id, self.reply.bubble.content, self.reply.bubble.reasoning)
 
     def abandon_reply(self) -> None:
         """On quit: stop the engine and save the reply as it is, marked cancelled."""
@@ -236,7 +239,7 @@ class ChatScreen(Screen[None]):
             return
         reply.cancel.set()
         self.session.finish_reply(reply.id, reply.bubble.content, stop_reason="cancelled",
-                                  stats=reply.meter.summary())
+                                  stats=reply.meter.summary(), reasoning=reply.bubble.reasoning)
         self.reply = None
 
     # -- chats -------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ class ChatView(VerticalScroll, can_focus=False):
     async def show(self, messages: Iterable[StoredMessage]) -> None:
         """Replace the view with these messages."""
         await self.remove_children()
-        bubbles = [MessageBubble(m.role, m.content, message_id=m.id, meta=message_meta(m)) for m in messages]
+        bubbles = [MessageBubble(m.role, m.content, reasoning=m.reasoning, message_id=m.id, meta=message_meta(m))
+                   for m in messages]
         if bubbles:
             await self.mount_all(bubbles)
         else:

@@ -1,4 +1,5 @@
-"""One message of the conversation: a header line and the text (a reply renders as streaming Markdown)."""
+"""One message of the conversation: a header line and the text (a reply renders as streaming Markdown, below its
+reasoning, folded, where the model wrote some)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
+from .reasoning import ReasoningFold
+
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
 class MessageBubble(Vertical, can_focus=True):
-    """Focus it (Tab or click) and press c to copy its text."""
+    """Focus it (Tab or click) and press c to copy its text (a reply's answer: its reasoning is not copied)."""
 
     BINDINGS = [Binding("c", "copy", "Copy message")]
 
@@ -28,14 +31,17 @@ class MessageBubble(Vertical, can_focus=True):
     MessageBubble > Markdown { margin: 0; padding: 0; }
     """
 
-    def __init__(self, role: str, content: str = "", *, message_id: Optional[int] = None, meta: str = ""):
+    def __init__(self, role: str, content: str = "", *, reasoning: str = "", message_id: Optional[int] = None,
+                 meta: str = ""):
         super().__init__(classes=role)
         self.role, self.content, self.message_id, self._meta = role, content, message_id, meta
+        self.reasoning = reasoning  # a reply's reasoning, apart from `content` (its answer)
         self._stream: Optional[MarkdownStream] = None
 
     def compose(self) -> ComposeResult:
         yield Static(self._header_text(), classes="header")
         if self.role == "assistant":
+            yield ReasoningFold(self.reasoning)
             yield Markdown(self.content, classes="body")
         else:
             yield Static(Text(self.content), classes="body")
@@ -51,18 +57,29 @@ class MessageBubble(Vertical, can_focus=True):
         if self.is_mounted:
             self.query_one(".header", Static).update(self._header_text())
 
-    async def append(self, text: str) -> None:
-        """Add streamed text (replies only); rendering catches up in the background."""
+    async def append(self, text: str, reasoning: str = "") -> None:
+        """Add streamed answer text and reasoning (replies only); rendering catches up in the background."""
+        fold = self.query_one(ReasoningFold)
+        self.reasoning += reasoning
+        fold.append(reasoning)
+        if not text:
+            return
+        if fold.streaming:
+            fold.done()  # the answer began: the reasoning is whole
         self.content += text
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         await self._stream.write(text)
 
-    async def finish(self, text: str, meta: str) -> None:
-        """The reply is complete: show exactly `text` (the engine's final text) and its figures."""
+    async def finish(self, text: str, meta: str, reasoning: Optional[str] = None) -> None:
+        """The reply is complete: show exactly `text` (the engine's final answer), `reasoning` (when given) and its
+        figures."""
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        if reasoning is not None:
+            self.reasoning = reasoning
+        self.query_one(ReasoningFold).done(self.reasoning)
         if text != self.content:
             self.content = text
             await self.query_one(Markdown).update(text)
