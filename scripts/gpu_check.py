@@ -34,7 +34,7 @@ from offspec.formats.gpu.graphs import Graphs, run_bucketed  # noqa: E402
 from offspec.formats.gpu.linear import linear  # noqa: E402
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-         "IQ4_NL", "IQ4_XS")
+         "IQ4_NL", "IQ4_XS", "MXFP4")
 ROWS = (1, 4, 16, 64, 256, 1024)
 WARM_ROWS = (1, 64, 256)  # one of each tiling: 16 rows, 64 with the K splits as programs, 64 with them in programs
 KEYS = ("device", "q4k_1row_bandwidth_fraction", "q4k_64row_vs_bf16", "draft_step_ms", "slice_pass_vs_link",

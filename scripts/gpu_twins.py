@@ -3,13 +3,15 @@ random valid blocks, written on the GPU itself (no download; a 4-layer Llama-3-7
 
 - `SHAPES`: the default pair's (Qwen2.5-1.5B target, Qwen2.5-0.5B draft) and a 4-layer Llama-3-70B slice, with a
   Q4_K_M-like type mix (the 0.5B's 896-wide rows take Q5_0 / Q8_0, as llama.cpp falls back to).
-- `random_weight`: (rows, row_bytes) blocks of any type with small positive fp16 scales (finite values).
+- `random_weight`: (rows, row_bytes) blocks of any type with small positive fp16 scales (MXFP4: exponents of
+  such scales; finite values).
 - `Stack`: resident layers (offspec.formats.gpu.layer.decoder_layer) with KV caches holding a random prefix.
 - `StreamedSlice`: the layers' payloads in pinned host RAM, streamed through offspec's LayerStreamer.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +84,9 @@ def random_weight(type_name: str, rows: int, cols: int, device: torch.device, ge
         scale = SCALES[type_name] * (1.0 if i == 0 else 0.5)
         halves = ((torch.rand((rows, nb), device=device, generator=gen) + 0.5) * scale).half()  # (rows, nb)
         raw[:, :, off : off + 2] = halves.view(torch.uint8).reshape(rows, nb, 2)
+    if type_name == "MXFP4":  # E8M0 exponents: 2**(e - 128) within a factor 2 of SCALE (random_blocks' choice)
+        centre = 128 + round(math.log2(SCALES[type_name]))
+        raw[:, :, 0] = torch.randint(centre - 1, centre + 2, (rows, nb), device=device, generator=gen).to(torch.uint8)
     return raw.reshape(rows, -1)
 
 

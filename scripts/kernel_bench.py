@@ -2,8 +2,9 @@
 
     python scripts/kernel_bench.py [--rows 1,4,16,64] [--repeat 20] [--stat median|min]
 
-offspec: the target's own Q4_K gate weight (and its Q4_1, Q8_0 re-encodings: --quant int4 / int8; IQ4_XS and IQ4_NL as
-random valid blocks of the same shape: gguf has no IQ quantizer, and the kernels' time does not depend on the values);
+offspec: the target's own Q4_K gate weight (and its Q4_1, Q8_0 re-encodings: --quant int4 / int8; IQ4_XS, IQ4_NL and
+MXFP4 as random valid blocks of the same shape: gguf has no IQ quantizer, and the kernels' time does not depend on the
+values);
 torch: float32 F.linear,
 `_weight_int8pack_mm` (int8, a scale per row) and `_weight_int4pack_mm_for_cpu` (int4, group 32), on random
 weights of the same shape. Medians in ms (--stat min: the fastest run, steadier on a busy machine), the threads torch
@@ -61,6 +62,10 @@ def main() -> None:
         blocks = rng.integers(0, 256, (out, cols // t.block, t.nbytes), dtype=np.uint8)  # indices and scales
         blocks[..., 0:2] = np.full((out, cols // t.block), 0.001, np.float16).view(np.uint8).reshape(out, -1, 2)
         weights[name + " (random)"] = (torch.from_numpy(blocks.reshape(out, -1)), t.id)
+    t = ggml_type("MXFP4")
+    blocks = rng.integers(0, 256, (out, cols // t.block, t.nbytes), dtype=np.uint8)  # indices
+    blocks[..., 0] = 118  # the E8M0 exponent: 2**-10, weights of at most 0.012
+    weights["MXFP4 (random)"] = (torch.from_numpy(blocks.reshape(out, -1)), t.id)
     kernels.load_kernels()
     print(f"kernels: {kernels.kernel_status()}; torch threads {torch.get_num_threads()}; weight {out}x{cols}")
     # torch's weight-only kernels on the same float weight

@@ -117,3 +117,30 @@ def test_a_long_causal_pass_gives_each_row_the_bits_of_its_own_step(ext):
     for i in (0, 1, 150, 299):
         step = ext.attend(q[:, :, i : i + 1].clone(), k, v, causal[i : i + 1].clone(), D ** -0.5, 0.0)
         assert torch.equal(step[0, 0], out[0, i])
+
+
+def _sink_reference(q, k, v, visible, scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """(1, Q, H, D) in float64: gpt-oss's attention, each head's sink one more logit in the softmax, with no value."""
+    H, Hkv = q.shape[1], k.shape[1]
+    kk = k.double().repeat_interleave(H // Hkv, dim=1)[0]  # (H, L, D)
+    vv = v.double().repeat_interleave(H // Hkv, dim=1)[0]
+    s = torch.einsum("hqd,hld->hql", q.double()[0], kk) * scale  # (H, Q, L)
+    s = s.masked_fill(~visible, float("-inf"))
+    column = sinks.double().reshape(-1, 1, 1).expand(-1, s.shape[1], 1)  # (H, Q, 1)
+    p = torch.softmax(torch.cat([s, column], dim=-1), dim=-1)[..., :-1]  # the sink's weight dropped
+    return torch.einsum("hql,hld->qhd", p, vv)[None]
+
+
+@pytest.mark.parametrize("H,Hkv,D", [(12, 2, 128), (8, 2, 64), (9, 3, 64)])
+def test_attention_sinks_take_their_share_of_the_softmax_and_keep_a_row_its_own(ext, H, Hkv, D):
+    q, k, v, visible = _inputs(7 * H + D, H, Hkv, Q=9, L=40, D=D)
+    visible[2] = False  # a query that sees no key: all its weight on the sink, so zeros
+    sinks = torch.randn(H, generator=torch.Generator().manual_seed(H)) * 3  # (H,) some above every score
+    out = ext.attend(q, k, v, visible, D ** -0.5, 0.0, sinks)  # (1, Q, H, D)
+    torch.testing.assert_close(out.double(), _sink_reference(q, k, v, visible, D ** -0.5, sinks), rtol=1e-5,
+                               atol=1e-5)
+    assert torch.equal(out[0, 2], torch.zeros(H, D))
+    assert not torch.allclose(out, ext.attend(q, k, v, visible, D ** -0.5, 0.0))  # the sinks change the rows
+    for i in range(9):  # each query alone: the same bits
+        alone = ext.attend(q[:, :, i : i + 1].clone(), k, v, visible[i : i + 1].clone(), D ** -0.5, 0.0, sinks)
+        assert torch.equal(alone[0, 0], out[0, i]), i

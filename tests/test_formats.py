@@ -52,6 +52,27 @@ def test_torch_and_cpu_decoders_equal_the_reference_bit_for_bit(type_name):
     assert np.array_equal(bits(kernels.dequantize_rows(raw, tid, 512)), want)
 
 
+def test_mxfp4_decodes_every_exponent_as_gguf_does():
+    """MXFP4's scale is an E8M0 exponent, 2**(e - 128) built from its float bits (ggml's GGML_E8M0_TO_FP32_HALF): e = 0
+    and 1 are subnormals, 127 and 128 a half and one, 254 and 255 2**126 and 2**127 (where the table's larger entries
+    overflow to infinity, as in gguf). Every exponent, random nibbles: the torch and CPU decoders give gguf's bits."""
+    rng = np.random.default_rng(9)
+    raw = rng.integers(0, 256, (16, 64, 17), dtype=np.uint8)  # (rows, blocks, bytes): 1,024 blocks
+    raw[:, :, 0] = (np.arange(16 * 64) % 256).reshape(16, 64)  # every exponent 4 times
+    raw[0, :6, 0] = (0, 1, 127, 128, 254, 255)
+    raw[0, :6, 1:] = 0x77  # every value 12 (index 7): the largest magnitude
+    raw[1, :6, 1:] = 0x98  # indices 8 and 9: -0 as the table's integer 0 (+0.0), and -1
+    raw = torch.from_numpy(raw.reshape(16, -1))
+    with np.errstate(over="ignore"):
+        want = bits(reference(raw, "MXFP4", 2048))
+    assert (want == np.float32(np.inf).view(np.uint32)).any() and (want == 0).any()
+    assert want[0, 0] == np.float32(12 * 2.0**-128).view(np.uint32)  # 3 * 2**-126: a subnormal, exactly
+    assert want[0, 5 * 32] == np.float32(np.inf).view(np.uint32) and want[0, 3 * 32] == np.float32(12).view(np.uint32)
+    tid = ggml_type("MXFP4").id
+    assert np.array_equal(bits(torch_dequantize(raw, tid, 2048)), want)
+    assert np.array_equal(bits(kernels.dequantize_rows(raw, tid, 2048)), want)
+
+
 class _HostTraffic(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the ops that on a GPU copy host data in (`lift_fresh`: a tensor made from Python values) or read a
     value back (`_local_scalar_dense`: .item(), int(), bool()); either waits for all the work queued before it."""
@@ -126,14 +147,18 @@ def _largest_entry(type_name: str) -> int:
 
 
 @pytest.mark.parametrize("type_name", ("Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
-                                       "IQ1_M", "TQ1_0", "TQ2_0"))
+                                       "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"))
 def test_low_bit_rows_are_the_same_at_1_17_64_and_1024_rows(type_name):
-    """Their integer kernels (csrc/ggml_dot_low.h, ggml_dot_iq2.h, ggml_dot_iq3.h, ggml_dot_iq1.h, ggml_dot_tq.h) from
-    a decoding step (8 weight rows side by side) to a wide pass (tiles of 8 activation rows): a row's bits never
-    depend on the rows beside it or the threads, and the largest integer sums stay exact (weights and activations
-    at their extremes)."""
+    """Their integer kernels (csrc/ggml_dot_low.h, ggml_dot_iq2.h, ggml_dot_iq3.h, ggml_dot_iq1.h, ggml_dot_tq.h;
+    MXFP4's, ggml_dot.h's legacy tiles) from a decoding step (8 weight rows side by side) to a wide pass (tiles of 8
+    activation rows): a row's bits never depend on the rows beside it or the threads, and the largest integer sums
+    stay exact (weights and activations at their extremes)."""
     raw = blocks(type_name, rows=11).numpy().reshape(11, 2, -1).copy()  # (rows, super-blocks, bytes)
-    if type_name == "Q2_K":  # 16 scale bytes, 64 quant bytes: every scale and minimum 15, every quant 3
+    if type_name == "MXFP4":  # (rows, 2, 8 blocks of 17 bytes): every value 12, then every value -12
+        raw = raw.reshape(11, 2, 8, 17)
+        raw[:3, :, :, 1:] = 0x77
+        raw[3:5, :, :, 1:] = 0xFF
+    elif type_name == "Q2_K":  # 16 scale bytes, 64 quant bytes: every scale and minimum 15, every quant 3
         raw[:3, :, :80] = 0xFF
     elif type_name == "Q3_K":  # hmask, quants and scale bytes of zeros: every quant -4, every scale -32
         raw[:3, :, :108] = 0

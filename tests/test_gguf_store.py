@@ -2,7 +2,8 @@
 streamed), losslessness of speculation, damage detection, interrupted conversions and early refusals.
 
 Tier 2: tiny random GGUFs written by tests/helpers/tiny_gguf.py (Q4_K/Q6_K like a Q4_K_M file, plus other types: the
-legacy ones, IQ4_XS / IQ4_NL, and the lattice (IQ1-IQ3) and ternary (TQ) types as random valid blocks)."""
+legacy ones, IQ4_XS / IQ4_NL, MXFP4 (gpt-oss's experts), and the lattice (IQ1-IQ3) and ternary (TQ) types as random
+valid blocks)."""
 
 from __future__ import annotations
 
@@ -45,10 +46,12 @@ def ggufs(tmp_path_factory) -> dict:
         "linear": "IQ2_XXS", "down": "IQ2_XS", "v": "IQ2_S", "embed": "TQ1_0", "output": "IQ3_XXS"})
     out["lattice2"] = save_tiny_gguf(root / "lattice2.gguf", "llama", seed=7, types={
         "linear": "IQ3_S", "down": "IQ1_S", "v": "IQ1_M", "embed": "TQ2_0", "output": "IQ4_NL"})
+    out["mxfp4"] = save_tiny_gguf(root / "mxfp4.gguf", "llama", seed=8, types=MXFP4)
     return out
 
 
 IQ4 = {"linear": "IQ4_XS", "down": "IQ4_XS", "v": "IQ4_NL", "embed": "IQ4_XS", "output": "IQ4_NL"}
+MXFP4 = {"linear": "MXFP4", "down": "MXFP4", "v": "MXFP4", "embed": "MXFP4", "output": "Q8_0"}  # and a Q8_0 head
 
 
 @pytest.fixture
@@ -77,7 +80,8 @@ def _lowbit(model) -> dict:
 
 @pytest.mark.parametrize("name,types", [("qwen2", {"Q4_K", "Q6_K"}), ("iq4", {"IQ4_XS", "IQ4_NL"}),
                                         ("lattice", {"IQ2_XXS", "IQ2_XS", "IQ2_S", "TQ1_0", "IQ3_XXS"}),
-                                        ("lattice2", {"IQ3_S", "IQ1_S", "IQ1_M", "TQ2_0", "IQ4_NL"})])
+                                        ("lattice2", {"IQ3_S", "IQ1_S", "IQ1_M", "TQ2_0", "IQ4_NL"}),
+                                        ("mxfp4", {"MXFP4", "Q8_0"})])
 def test_conversion_keeps_the_gguf_blocks_at_the_gguf_size(cache, ggufs, name, types):
     import gguf as gguf_py
 
@@ -119,7 +123,8 @@ def test_a_70b_shape_twin_in_iq4_xs_costs_no_more_on_disk_than_its_gguf(cache, t
 
 
 @pytest.mark.parametrize("name", ["qwen2", pytest.param("llama", marks=pytest.mark.slow), "tied", pytest.param("legacy", marks=pytest.mark.slow), "iq4",
-                                  pytest.param("lattice", marks=pytest.mark.slow), pytest.param("lattice2", marks=pytest.mark.slow)])
+                                  pytest.param("lattice", marks=pytest.mark.slow), pytest.param("lattice2", marks=pytest.mark.slow),
+                                  "mxfp4"])
 def test_stored_weights_are_bitwise_what_transformers_reads(cache, ggufs, name):
     gen = offspec.load(str(ggufs[name]), str(ggufs[name]), budget=4, **LOAD)
     model = gen.engine.target.model
@@ -158,7 +163,7 @@ def _reference_linear(x, qweight, type_id, cols, bias=None):
 
 
 @pytest.mark.parametrize("name", [pytest.param("qwen2", marks=pytest.mark.slow), "llama", pytest.param("legacy", marks=pytest.mark.slow), "iq4", pytest.param("lattice", marks=pytest.mark.slow),
-                                  pytest.param("lattice2", marks=pytest.mark.slow)])
+                                  pytest.param("lattice2", marks=pytest.mark.slow), "mxfp4"])
 def test_every_low_bit_layer_computes_the_reference_arithmetic_on_its_inputs(cache, ggufs, name):
     """Inside the real forward pass, each QLinear's output equals a float64 reference of the kernels' arithmetic
     applied to the input it actually got (layer by layer: no amplification through depth)."""
@@ -357,9 +362,9 @@ def test_quant_flags_on_a_gguf_and_nf4_on_a_cpu_are_refused_before_loading(cache
 
 
 def test_a_tensor_type_no_code_path_reads_is_one_line_and_writes_nothing(cache, tmp_path):
-    src = save_tiny_gguf(tmp_path / "mxfp4.gguf", "qwen2", seed=4, types={"v": "MXFP4"})
+    src = save_tiny_gguf(tmp_path / "nvfp4.gguf", "qwen2", seed=4, types={"v": "NVFP4"})
     with pytest.raises(OffspecError) as info:
         offspec.load(str(src), str(src), **LOAD)
     message = str(info.value)
-    assert "\n" not in message and "blk.0.attn_v.weight is MXFP4" in message and "another quantization" in message
+    assert "\n" not in message and "blk.0.attn_v.weight is NVFP4" in message and "another quantization" in message
     assert not (cache / "models").exists() or not any((cache / "models").iterdir())  # nothing was written

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 LATTICE = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0")
 ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-             "IQ4_NL", "IQ4_XS") + LATTICE
+             "IQ4_NL", "IQ4_XS", "MXFP4") + LATTICE
 CARDS_ = ("sm_80", "sm_86", "sm_89", "sm_90")
 # The lattice and ternary types' decoders differ in their grid reads (an int8 table read through L1: no shared
 # memory), not in the tiles and MMA that follow: their sweep is cut to what CI can afford (all of it cost 35 min of a

@@ -21,9 +21,10 @@ from offspec import OffspecError
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="needs Triton (pip install triton; a dev dependency on Linux x86-64)")
 ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-             "IQ4_NL", "IQ4_XS", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0")
+             "IQ4_NL", "IQ4_XS", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0",
+             "MXFP4")
 # the slow checks run a family per process (its node id: e.g. [lattice-ternary]): a process per type costs seconds
-FAMILIES = {"blocks-of-32": ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"),
+FAMILIES = {"blocks-of-32": ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4"),
             "super-blocks": ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"),
             "lattice-ternary": ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0")}
 MS = "1,3,16,17,64,1024"
@@ -44,6 +45,7 @@ def test_every_types_gpu_decode_equals_the_cpu_decode_bit_for_bit(family):
         assert r["gguf"] and r["finite"] and r["bf16"], r  # bf16: rounded to nearest even, as torch rounds
         assert r["dequant"], r
         assert r.get("cpu_kernels", True), r  # the compiled CPU kernels' decode, where they are built
+        assert r.get("edges", True), r  # MXFP4 at every exponent, subnormal and overflowing ones included
 
 
 def test_every_type_offspec_computes_with_has_a_gpu_decoder():

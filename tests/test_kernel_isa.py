@@ -54,7 +54,8 @@ def no_vnni(two_builds):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "IQ2_XXS",
-                                       "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"))
+                                       "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
+                                       "MXFP4"))
 def test_avx512_without_vnni_computes_the_same_bits(two_builds, no_vnni, type_name):
     wide, avx2 = two_builds
     assert no_vnni.isa() == "AVX-512"

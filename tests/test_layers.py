@@ -233,7 +233,7 @@ def test_a_rebound_weight_rebuilds_the_stack(cache, ggufs):
     assert torch.equal(_causal(runner, PROMPT, [len(PROMPT)]), whole)
     assert runner.body._offspec_stack is not first
     layer1 = runner.body._offspec_stack
-    assert layer1.tensors[16] is q._buffers["qweight"] and layer1.types[7] == q.type_id  # layer 1's q: row-major
+    assert layer1.tensors[17] is q._buffers["qweight"] and layer1.types[7] == q.type_id  # layer 1's q: row-major
 
 
 def test_a_weight_laid_out_anew_in_place_rebuilds_the_stack(cache, ggufs):
@@ -249,7 +249,7 @@ def test_a_weight_laid_out_anew_in_place_rebuilds_the_stack(cache, ggufs):
     try:
         _causal(runner, PROMPT, [len(PROMPT)])
         assert runner.body._offspec_stack is not first and runner.body._offspec_stack.types[7] == q.kernel_type
-        assert runner.body._offspec_stack.tensors[16] is q._buffers["qweight"]  # the same tensor, another type
+        assert runner.body._offspec_stack.tensors[17] is q._buffers["qweight"]  # the same tensor, another type
     finally:
         q.sums = not q.sums
 

@@ -1,5 +1,5 @@
 """Weights interleaved 16 rows at a time for the CPU kernels (csrc/ggml_x16.h: Q4_K, Q6_K, Q2_K and Q3_K
-(ggml_x16_low.h) and the legacy types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, ggml_x16_legacy.h): the same bytes
+(ggml_x16_low.h) and the legacy types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, ggml_x16_legacy.h): the same bytes
 permuted, computing the row-major kernels' bits for any number of activation rows; resident CPU layers get the
 layout at load (formats.kernels.interleave), streamed layers keep their rows. The AVX2 build's kernels are checked
 against these in test_kernel_isa.py."""
@@ -140,7 +140,10 @@ def _block_sums_reference(ext, type_name: str, raw: torch.Tensor, x: np.ndarray,
     float64 holds each product exactly, so one rounding to float32 is the fma's."""
     rows, nb = raw.shape[0], cols // 32
     blocks = raw.numpy().reshape(rows, nb, -1)
-    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (rows, nb)
+    if type_name == "MXFP4":  # an E8M0 exponent: 2**(e - 128) (random_blocks' are normal floats)
+        d = np.ldexp(np.float32(1), blocks[:, :, 0].astype(np.int32) - 128).astype(np.float32)  # (rows, nb)
+    else:
+        d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (rows, nb)
     has_min = type_name in ("Q4_1", "Q5_1")
     m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if has_min else np.zeros_like(d)
     w = ext.dequantize(raw, ggml_type(type_name).id, cols).numpy().reshape(rows, nb, 32).astype(np.float64)
@@ -165,6 +168,9 @@ def test_a_drafts_products_sum_each_blocks_lanes_as_integers_first(ext, type_nam
     rng = np.random.default_rng(11)
     cols = 512 if type_name in K_QUANTS else 896
     raw = torch.from_numpy(random_blocks(rng, type_name, 37, cols))  # two groups of 16, 5 rows row-major
+    if type_name == "MXFP4":  # exponents 2**-20 .. 2**3: with random_blocks' 3 powers of 2 every float sum here is
+        # exact, the draft's and the exact kernels' alike, and the two would not differ
+        raw.view(37, -1, 17)[:, :, 0] = torch.from_numpy(rng.integers(108, 132, (37, cols // 32)).astype(np.uint8))
     tid = ggml_type(type_name).id
     mixed = ext.interleave(raw, tid, cols, True)
     x = rng.integers(-127, 128, (21, cols)).astype(np.float32)  # (21, cols)
@@ -223,6 +229,7 @@ def _interleaved(ext, rng, names, rows, cols):
     (("Q5_0", "Q5_0"), 96),  # the 0.5B draft's gate and up
     (("Q5_0", "Q5_0", "Q8_0"), 96),  # a draft layer's q, k, v: Q8_0's lanes take another offset, one qgemm each
     (("Q4_K", "Q5_0"), 512),  # activation blocks of 256 and of 32
+    (("MXFP4", "MXFP4", "Q8_0"), 96),  # gpt-oss's experts' gate and up (MXFP4's lanes: another offset again)
 ])
 def test_products_of_one_input_by_several_weights_are_each_weights_bits(ext, names, cols):
     """qgemm_many (a layer's q/k/v and gate/up) gives each weight qgemm's bits, whether the weights share the

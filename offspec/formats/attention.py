@@ -10,7 +10,7 @@ the 8-bit activation blocks of the low-bit kernels would turn such last-bit diff
 `install(model)` makes the model's attention go through `attention_forward`; it runs exactly while the
 `exact()` context is active (the runner enables it for target-alone steps and tree passes) and is otherwise
 transformers' SDPA (the draft's long passes), or plain attention where the model soft-caps its attention logits
-(gemma2: SDPA cannot). Where it cannot run (CUDA, dtypes other than float32, no compiled kernels), SDPA runs
+(gemma2) or has attention sinks (gpt-oss: a learned logit per head in the softmax's sum): SDPA has neither. Where it cannot run (CUDA, dtypes other than float32, no compiled kernels), SDPA runs
 instead: `exact_available(model)` says which.
 
 Sliding windows (mistral, qwen2/3 with use_sliding_window, gemma2/3's local layers) are in the mask: the runner
@@ -57,29 +57,38 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
 
     ext = kernels.compiled()
     softcap = kwargs.get("softcap") or 0.0
+    sinks = kwargs.get("s_aux")  # (H,) gpt-oss's attention sinks
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if (getattr(_state, "on", False) and ext is not None and query.device.type == "cpu"
             and query.dtype == torch.float32 and attention_mask is not None and query.shape[0] == 1):
-        out = ext.attend(query, key, value, _visible(attention_mask), float(scale), float(softcap))  # (1, Q, H, D)
+        out = ext.attend(query, key, value, _visible(attention_mask), float(scale), float(softcap),
+                         None if sinks is None else sinks.detach())  # (1, Q, H, D)
         return out, None
-    if softcap:  # SDPA cannot soft-cap its logits
-        return capped_attention(query, key, value, attention_mask, float(scale), float(softcap)), None
+    if softcap or sinks is not None:  # SDPA can neither soft-cap its logits nor add sinks
+        return capped_attention(query, key, value, attention_mask, float(scale), float(softcap), sinks), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                   **kwargs)
 
 
 def capped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
-                     scale: float, softcap: float) -> torch.Tensor:
-    """Attention with soft-capped logits, as transformers' eager gemma2 attention computes it: query (B, H, Q, D),
-    key and value (B, Hkv, L, D), mask (B, 1, Q, L) additive or bool; returns (B, Q, H, D)."""
+                     scale: float, softcap: float, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Attention with soft-capped logits (softcap > 0) and attention sinks (sinks (H,) or None), as transformers'
+    eager gemma2 and gpt-oss attentions compute them: query (B, H, Q, D), key and value (B, Hkv, L, D), mask
+    (B, 1, Q, L) additive or bool; returns (B, Q, H, D)."""
     group = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)  # (B, H, L, D)
     scores = torch.matmul(query, key.transpose(2, 3)) * scale  # (B, H, Q, L)
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         mask = mask[:, :, :, : key.shape[-2]]
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    if sinks is not None:  # one more logit per head, whose weight is dropped: a key without a value
+        column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(scores.shape[0], -1, scores.shape[2], 1)
+        scores = torch.cat([scores, column], dim=-1)  # (B, H, Q, L + 1)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if sinks is not None:
+        weights = weights[..., :-1]
     return torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Q, H, D)
 
 

@@ -144,6 +144,7 @@ def _q6_k(blk):
 # The lattice grids (rows of 8 or 4 small values) are the gguf package's own tables (gguf/quants.py), made into a
 # float32 tensor once per device; the sign patterns are ksigns: 7 bits and their parity as the 8th.
 KVALUES_IQ4NL = gguf_quants.IQ4_NL.kvalues  # the 16 int8 values of IQ4_NL and IQ4_XS
+KVALUES_MXFP4 = gguf_quants.MXFP4.kvalues  # MXFP4's 16 values: twice the FP4 (E2M1) numbers, as int8
 _GRID_TYPES = {"IQ2_XXS": gguf_quants.IQ2_XXS, "IQ2_XS": gguf_quants.IQ2_XS, "IQ2_S": gguf_quants.IQ2_S,
                "IQ3_XXS": gguf_quants.IQ3_XXS, "IQ3_S": gguf_quants.IQ3_S, "IQ1_S": gguf_quants.IQ1_S,
                "IQ1_M": gguf_quants.IQ1_M}
@@ -166,6 +167,8 @@ def _table(name: str, like: torch.Tensor) -> torch.Tensor:
             values = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], dtype=np.uint8)
         elif name == "kvalues":  # (16,) float32
             values = np.array(KVALUES_IQ4NL, dtype=np.float32)
+        elif name == "kvalues_mxfp4":  # (16,) float32
+            values = np.array(KVALUES_MXFP4, dtype=np.float32)
         else:
             values = grid_values(name)
         found = _TABLES[key] = torch.from_numpy(values).to(like.device)
@@ -203,6 +206,18 @@ def _ksign_bits(words: torch.Tensor) -> torch.Tensor:
 def _iq4_nl(blk):
     d = _half(blk[..., 0:2])
     return d * _table("kvalues", blk)[_nibbles(blk[..., 2:18]).long()]
+
+
+def _e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """(...,) uint8 E8M0 exponents -> (...,) float32 2**(e - 128), built from its bits as ggml and gguf do: e < 2 is
+    a subnormal (0x00200000 << e), else the exponent field e - 1 (e = 255: 2**127, never infinity)."""
+    e = e.to(torch.int32)
+    return torch.where(e < 2, (e + 1) << 21, (e - 1) << 23).view(torch.float32)
+
+
+def _mxfp4(blk):
+    d = _e8m0_half(blk[..., 0:1])  # (..., 1)
+    return d * _table("kvalues_mxfp4", blk)[_nibbles(blk[..., 1:17]).long()]
 
 
 def _iq4_xs(blk):
@@ -316,7 +331,8 @@ def _tq2_0(blk):
 _BLOCKS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q2_K": _q2_k,
            "Q3_K": _q3_k, "Q4_K": lambda b: _q45_k(b, False), "Q5_K": lambda b: _q45_k(b, True), "Q6_K": _q6_k,
            "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "IQ2_XXS": _iq2_xxs, "IQ2_XS": _iq2_xs, "IQ2_S": _iq2_s,
-           "IQ3_XXS": _iq3_xxs, "IQ3_S": _iq3_s, "IQ1_S": _iq1_s, "IQ1_M": _iq1_m, "TQ1_0": _tq1_0, "TQ2_0": _tq2_0}
+           "IQ3_XXS": _iq3_xxs, "IQ3_S": _iq3_s, "IQ1_S": _iq1_s, "IQ1_M": _iq1_m, "TQ1_0": _tq1_0, "TQ2_0": _tq2_0,
+           "MXFP4": _mxfp4}
 
 
 def dequantize(raw: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:

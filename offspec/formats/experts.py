@@ -1,4 +1,4 @@
-"""Mixture-of-experts layers on ggml blocks: the router and the experts of qwen3moe, qwen2moe and Mixtral.
+"""Mixture-of-experts layers on ggml blocks: the router and the experts of qwen3moe, qwen2moe, gpt-oss and Mixtral.
 
 transformers keeps a layer's experts as two stacked float tensors (`gate_up_proj` (experts, 2 * inter, hidden),
 `down_proj` (experts, hidden, inter)) and routes with a float `F.linear`. offspec keeps the GGUF's blocks:
@@ -7,7 +7,10 @@ transformers keeps a layer's experts as two stacked float tensors (`gate_up_proj
   payload's range fetches one expert; on a CPU with offspec's kernels, the routed experts run in one compiled call
   (`csrc/experts.h: experts_ffn`), else one torch step at a time, the same operations in the same order;
 - `QRouter` is a `QLinear` of the router's F32 rows (llama.cpp keeps routers F32) whose forward routes as
-  transformers' top-k routers do: a softmax over the experts, the top k, renormalized where the family does.
+  transformers' top-k routers do: a softmax over the experts, the top k, renormalized where the family does; or,
+  for gpt-oss, a bias added, the top k of the logits, and a softmax over those k;
+- gpt-oss's experts have biases on all three projections and a clamped SwiGLU: (clamp(up, -l, l) + 1) *
+  g * sigmoid(alpha g) with g = min(gate, l) (`QExperts.swiglu`, transformers' GptOssExperts._apply_gate).
 
 Exactness: the router's F32 rows multiply in float, row by row (qgemm's float path), each expert's projections
 are the row-invariant kernels, and a token sums its experts' outputs in ascending expert order whatever else is in
@@ -35,6 +38,7 @@ from . import kernels
 from .modules import QLinear
 
 _ACTIVATIONS = {"SiLUActivation": 0, "SiLU": 0, "PytorchGELUTanh": 1, "GELUTanh": 1}  # csrc/layer.h's Activation
+_SWIGLU_OAI = 2  # csrc/layer.h's Activation for gpt-oss's clamped SwiGLU (csrc/experts.h: swiglu_oai)
 EXPERT_NAME = re.compile(r"^(?P<owner>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.qweight$")
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # an expert's stored order: one expert's blocks together
 
@@ -43,12 +47,17 @@ class QRouter(QLinear):
     """A top-k router: logits = x W^T on W's F32 (or low-bit) rows, then transformers' routing; its forward returns
     (logits (T, E), weights (T, k), experts (T, k)) as transformers' routers do."""
 
-    def __init__(self, type_id: int, hidden: int, experts: int, top_k: int, normalize: bool, device: torch.device):
-        super().__init__(type_id, hidden, experts, False, device)
+    def __init__(self, type_id: int, hidden: int, experts: int, top_k: int, normalize: bool, device: torch.device,
+                 bias: bool = False, topk_first: bool = False):
+        super().__init__(type_id, hidden, experts, bias, device)
         self.top_k, self.normalize = top_k, normalize
+        self.topk_first = topk_first  # gpt-oss: the softmax over the top k logits, not over all the experts
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = super().forward(x.reshape(-1, self.in_features))  # (T, E)
+        if self.topk_first:
+            top, experts = torch.topk(logits, self.top_k, dim=-1)  # (T, k) each
+            return logits, torch.softmax(top, dim=-1, dtype=torch.float32).to(logits.dtype), experts
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (T, E)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # (T, k) each
         if self.normalize:
@@ -56,7 +65,8 @@ class QRouter(QLinear):
         return logits, weights.to(logits.dtype), experts
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, top_k={self.top_k}, normalize={self.normalize}"
+        order = ", softmax of the top k" if self.topk_first else ""
+        return f"{super().extra_repr()}, top_k={self.top_k}, normalize={self.normalize}{order}"
 
 
 class QExpert(nn.Module):
@@ -70,8 +80,11 @@ class QExpert(nn.Module):
 class QExperts(nn.Module):
     """A layer's experts; forward(x (T, H), experts (T, k), weights (T, k)) -> (T, H), as transformers' experts."""
 
-    def __init__(self, experts: list[QExpert], act: nn.Module):
+    def __init__(self, experts: list[QExpert], act: Optional[nn.Module], swiglu: Optional[tuple[float, float]] = None):
         super().__init__()
+        if (act is None) == (swiglu is None):
+            raise ValueError("QExperts takes an activation module or gpt-oss's (alpha, limit), one of them")
+        self.swiglu = swiglu  # gpt-oss's clamped SwiGLU (alpha, limit), in place of act(gate) * up
         for e, expert in enumerate(experts):  # children "0", "1", ...: the stored names' "experts.<e>.gate_proj"
             self.add_module(str(e), expert)
         self.experts = tuple(experts)  # a plain tuple: not registered twice
@@ -82,6 +95,9 @@ class QExperts(nn.Module):
         self.stream = None
         self.layout: list[tuple[tuple[int, int], ...]] = []
         self.uses = torch.zeros(len(experts), dtype=torch.long)  # (E,) tokens routed to each expert (`expert_use`)
+        # `offspec profile` only (offspec/profile/routing.py): an object whose record(self, top_k_index) sees each
+        # call's (T, k) expert ids; None (always, elsewhere): nothing recorded, no output changed either way
+        self.recorder = None
 
     def read_as_routed(self, stream, layout: list[tuple[tuple[int, int], ...]]) -> None:
         """Read the experts through `stream` from now on (`layout`: per expert, its gate, up and down (offset,
@@ -103,6 +119,8 @@ class QExperts(nn.Module):
         return len(self.experts)
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        if self.recorder is not None:
+            self.recorder.record(self, top_k_index)
         counts = torch.bincount(top_k_index.reshape(-1).cpu(), minlength=len(self.experts))  # (E,)
         self.uses += counts
         routed = counts.nonzero().reshape(-1).tolist()  # CPU sync: the experts that run, ascending
@@ -119,23 +137,35 @@ class QExperts(nn.Module):
              top_k_weights: torch.Tensor) -> torch.Tensor:
         """(T, H): each token's experts' outputs times their weights, added in ascending expert order."""
         ext = kernels.compiled() if x.device.type == "cpu" and x.dtype == torch.float32 else None
-        act = _ACTIVATIONS.get(type(self.act_fn).__name__)
+        act = _ACTIVATIONS.get(type(self.act_fn).__name__) if self.swiglu is None else _SWIGLU_OAI
         if ext is not None and act is not None:  # the routed experts in one call (csrc/experts.h), the same bits
             trios = [(self.experts[e].gate_proj, self.experts[e].up_proj, self.experts[e].down_proj) for e in routed]
+            biases = [m.bias.detach() for t in trios for m in t] if self.swiglu is not None else []
+            alpha, limit = self.swiglu or (0.0, 0.0)
             return ext.experts_ffn(x.contiguous(), top_k_index, top_k_weights, torch.tensor(routed),
                                    [g.qweight for g, _, _ in trios], [u.qweight for _, u, _ in trios],
-                                   [d.qweight for _, _, d in trios], [m.kernel_type for t in trios for m in t], act)
+                                   [d.qweight for _, _, d in trios], [m.kernel_type for t in trios for m in t], act,
+                                   biases, alpha, limit)
         out = torch.zeros_like(x)  # (T, H)
         for e in routed:  # ascending: a token adds its experts in the same order in any pass
             tokens, slots = (top_k_index == e).nonzero(as_tuple=True)  # (n,) each: token order
             expert = self.experts[e]
             rows = x[tokens]  # (n, H)
-            y = expert.down_proj(self.act_fn(expert.gate_proj(rows)) * expert.up_proj(rows))  # (n, H)
+            y = expert.down_proj(self._glu(expert.gate_proj(rows), expert.up_proj(rows)))  # (n, H)
             out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None].to(y.dtype))
         return out
 
+    def _glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up, or gpt-oss's clamped SwiGLU (each value from its own gate and up: rows independent)."""
+        if self.swiglu is None:
+            return self.act_fn(gate) * up
+        alpha, limit = self.swiglu
+        gate = gate.clamp(min=None, max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
     def extra_repr(self) -> str:
-        return f"{len(self.experts)} experts"
+        return f"{len(self.experts)} experts" + (f", clamped SwiGLU {self.swiglu}" if self.swiglu else "")
 
 
 _LANES = 16  # floats in an AVX-512 vector (two AVX2 ones): a row this wide is computed whole in vector lanes
@@ -198,9 +228,14 @@ def expert_groups(names: list[str]) -> list[list[str]]:
             for _, stored in sorted(experts.items())]
 
 
+def _router_attr(block: nn.Module) -> str:
+    """The attribute of a sparse block that holds its router: `gate` (qwen, Mixtral) or `router` (gpt-oss)."""
+    return "router" if hasattr(block, "router") else "gate"
+
+
 def _routing(config, block: nn.Module) -> tuple[int, bool]:
     """(top k, renormalized) of a sparse block's router, as transformers' router of `config` routes."""
-    router = block.gate
+    router = getattr(block, _router_attr(block))
     top_k = int(getattr(router, "top_k", 0) or config.num_experts_per_tok)
     normalize = getattr(router, "norm_topk_prob", None)
     if normalize is None:  # Mixtral's router always renormalizes
@@ -209,9 +244,10 @@ def _routing(config, block: nn.Module) -> tuple[int, bool]:
 
 
 def replace_moe(layer: nn.Module, config, stored: dict[str, tuple[int, int, int]], device: torch.device,
-                router_type: Optional[int]) -> None:
+                router_type: Optional[int], biased: bool = False) -> None:
     """Swap `layer`'s experts and router for QExperts / QRouter, empty, of the stored types: `stored` maps a stored
-    expert tensor name to (ggml type, rows, cols); `router_type` the router's ggml type (None: no stored router)."""
+    expert tensor name to (ggml type, rows, cols); `router_type` the router's ggml type (None: no stored router);
+    `biased`: the projections and the router have biases (gpt-oss)."""
     for owner, experts in moe_paths(list(stored)).items():
         block_path = owner.rpartition(".")[0]
         block = layer.get_submodule(block_path)
@@ -223,18 +259,23 @@ def replace_moe(layer: nn.Module, config, stored: dict[str, tuple[int, int, int]
             linears = []
             for proj in PROJECTIONS:
                 type_id, rows, cols = stored[experts[e][proj]]
-                linears.append(QLinear(type_id, cols, rows, False, device))
+                linears.append(QLinear(type_id, cols, rows, biased, device))
             made.append(QExpert(*linears))
         num = getattr(old, "num_experts", None) or getattr(config, "num_experts", None) or \
             getattr(config, "num_local_experts")
         if len(made) != num:
             raise ValueError(f"{owner}: {len(made)} experts stored, the config has {num}")
         top_k, normalize = _routing(config, block)
-        block.experts = QExperts(made, old.act_fn)
+        gpt_oss = type(old).__name__ == "GptOssExperts"
+        if gpt_oss != biased:
+            raise ValueError(f"{owner}: {type(old).__name__} with{'out' if not biased else ''} stored biases")
+        block.experts = (QExperts(made, None, (float(old.alpha), float(old.limit))) if gpt_oss
+                         else QExperts(made, old.act_fn))
         if hasattr(block, "shared_expert_gate"):
             if type(block).__name__ != "Qwen2MoeSparseMoeBlock":
                 raise ValueError(f"{block_path}: a shared expert offspec does not know ({type(block).__name__})")
             block.forward = types.MethodType(shared_block_forward, block)
         if router_type is not None:
             hidden = made[0].gate_proj.in_features
-            block.gate = QRouter(router_type, hidden, len(made), top_k, normalize, device)
+            setattr(block, _router_attr(block), QRouter(router_type, hidden, len(made), top_k, normalize, device,
+                                                         bias=gpt_oss, topk_first=gpt_oss))

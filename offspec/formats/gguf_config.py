@@ -16,6 +16,8 @@ made for) reads the file. `complete_config` sets them from the GGUF's own metada
   (`expert_shared_feed_forward_length`), and whether the top-k weights are renormalized as llama.cpp computes
   them (qwen3moe: yes; qwen2moe: no); a llama file with experts is Mixtral (`mixtral_config`), which transformers
   reads as a llama model without its experts;
+- gpt-oss: its whole config (`gpt_oss_config`): transformers' GGUF reader fails on the file's rope keys. The YaRN
+  rope is the OpenAI reference's, not llama.cpp's (see `gpt_oss_config`);
 - llama 3.1+: the rope frequency factors the file holds as a tensor (`rope_freqs.weight`), as transformers' "llama3"
   rope parameters that reproduce them (llama.cpp's converter computes them from those parameters).
 
@@ -33,7 +35,7 @@ import numpy as np
 # transformers model type -> family name
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
             "gemma3_text": "gemma3", "gemma3": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe",
-            "qwen2_moe": "qwen2moe", "mixtral": "mixtral"}
+            "qwen2_moe": "qwen2moe", "mixtral": "mixtral", "gpt_oss": "gpt-oss"}
 # llama.cpp's top-k weights, renormalized or not, by GGUF architecture (its build_moe_ffn's norm_w)
 _MOE_NORMALIZED = {"qwen3moe": True, "qwen2moe": False}
 VERIFIED = frozenset(FAMILIES.values())
@@ -132,6 +134,51 @@ def mixtral_config(config: Any, fields: Mapping[str, Any], expert_rows: int) -> 
     return MixtralConfig(**values, intermediate_size=int(expert_rows), sliding_window=None,
                          num_local_experts=int(fields["llama.expert_count"]),
                          num_experts_per_tok=int(fields["llama.expert_used_count"]))
+
+
+def gpt_oss_config(fields: Mapping[str, Any]) -> Any:
+    """transformers' GptOssConfig of a gpt-oss GGUF, from its metadata as llama.cpp reads it: every other layer
+    attends through the sliding window, the first one included (`attention.sliding_window_pattern`, default 2).
+
+    The rope is YaRN as OpenAI's reference implementation computes it, and transformers' GptOss by default: the
+    ramp between the correction dims is not truncated to whole dims (`truncate: False`). llama.cpp floors and ceils
+    them (ggml_rope_yarn_corr_dims), so its logits drift from the reference with the position: on a tiny random
+    model with exact f32 keys and values, 2e-6 of transformers' with `truncate: True` at every position, but 8e-5 at
+    position 1 and 1.1e-3 at position 29 of transformers' default (docs/families.md, note [7])."""
+    from transformers import GptOssConfig
+
+    def get(key: str, default: Any = None) -> Any:
+        value = fields.get(f"gpt-oss.{key}")
+        return default if value is None else value
+
+    layers = int(get("block_count"))
+    heads = int(get("attention.head_count"))
+    window = get("attention.sliding_window")
+    pattern = get("attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        local = [bool(p) for p in pattern][:layers]
+    else:
+        local = [i % int(pattern) < int(pattern) - 1 for i in range(layers)]
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 150000.0))}
+    if get("rope.scaling.type") == "yarn":
+        rope.update(rope_type="yarn", factor=float(get("rope.scaling.factor")), truncate=False,
+                    beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0)),
+                    beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0)),
+                    original_max_position_embeddings=int(get("rope.scaling.original_context_length")))
+    special = {f"{k}_token_id": int(fields[f"tokenizer.ggml.{k}_token_id"])
+               for k in ("bos", "eos", "pad") if fields.get(f"tokenizer.ggml.{k}_token_id") is not None}
+    if "pad_token_id" not in special and fields.get("tokenizer.ggml.padding_token_id") is not None:
+        special["pad_token_id"] = int(fields["tokenizer.ggml.padding_token_id"])
+    return GptOssConfig(
+        vocab_size=len(fields["tokenizer.ggml.tokens"]), hidden_size=int(get("embedding_length")),
+        intermediate_size=int(get("expert_feed_forward_length")), num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=int(get("attention.key_length", int(get("embedding_length")) // heads)),
+        num_local_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
+        sliding_window=int(window) if window else None, max_position_embeddings=int(get("context_length")),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)), rope_parameters=rope,
+        layer_types=["sliding_attention" if flag and window else "full_attention" for flag in local],
+        tie_word_embeddings=False, attention_bias=True, **special)
 
 
 UNVERIFIED = "offspec_unverified"  # a config attribute (saved with it): why its conversion is not verified

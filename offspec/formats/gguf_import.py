@@ -10,9 +10,10 @@ and decides, per tensor:
 - a weight of a type offspec cannot compute with (ggml.KERNEL_TYPES: every type of the GGUF files people run is
   there, IQ and TQ types included) is refused in one line naming the type (`OffspecError`); nothing is ever
   expanded to float32.
-A mixture of experts (qwen3moe, qwen2moe, Mixtral: a llama file with experts) keeps its blocks too: each stacked
-`ffn_{gate,up,down}_exps` tensor becomes one tensor per expert (the store lays a layer's experts out expert by
-expert: models/convert.py, formats/experts.expert_groups), the router its F32 rows.
+A mixture of experts (qwen3moe, qwen2moe, gpt-oss, Mixtral: a llama file with experts) keeps its blocks too: each
+stacked `ffn_{gate,up,down}_exps` tensor becomes one tensor per expert (the store lays a layer's experts out expert
+by expert: models/convert.py, formats/experts.expert_groups), the router its F32 rows; gpt-oss's stacked expert
+biases become one float tensor per expert, stored with the layer's dense part.
 Architectures whose GGUF tensors need more than a row reorder (fused or transposed layouts) are not
 importable (`ImportUnsupported`); the caller then falls back to a float conversion. A tensor of the file that the
 model has no place for is an error, never dropped (the float fallback checks the same:
@@ -46,6 +47,8 @@ _ROW_SAFE_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2Tensor
                         "Qwen2MoeTensorProcessor")
 # a GGUF's stacked experts: ggml's (cols, rows, experts)
 _STACKED = re.compile(r"^blk\.(?P<bid>\d+)\.ffn_(?P<w>gate|up|down)_exps\.weight$")
+# gpt-oss's stacked expert biases: ggml's (rows, experts)
+_STACKED_BIAS = re.compile(r"^blk\.(?P<bid>\d+)\.ffn_(?P<w>gate|up|down)_exps\.bias$")
 
 
 @dataclass
@@ -116,6 +119,15 @@ def _expert_plans(t: Any, hf_name: str) -> list[TensorPlan]:
                        expert=e) for e in range(experts)]
 
 
+def _expert_bias_plans(t: Any, hf_name: str) -> list[TensorPlan]:
+    """One float plan per expert of gpt-oss's stacked bias `t` (ggml's (rows, experts)), named as QExperts store
+    them ("mlp.experts.<e>.gate_proj.bias")."""
+    rows, experts = (int(s) for s in t.shape)
+    owner = hf_name.rpartition(".")[0]  # "model.layers.3.mlp.experts"
+    proj = _STACKED_BIAS.match(t.name)["w"] + "_proj"
+    return [TensorPlan(f"{owner}.{e}.{proj}.bias", t, lowbit=False, shape=(rows,), expert=e) for e in range(experts)]
+
+
 def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
     """Decide how each tensor of `gguf_path` is stored; `config` is transformers' config of the file."""
     import gguf
@@ -143,12 +155,16 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         if hf_name is None:
             continue  # rope factors (`_modelled_elsewhere`)
         found.add(hf_name)
-        if _STACKED.match(t.name):
-            experts = _expert_plans(t, hf_name)
-            _check_kernel(gguf_path, t)
+        if _STACKED.match(t.name) or _STACKED_BIAS.match(t.name):
+            weights = _STACKED.match(t.name) is not None
+            experts = _expert_plans(t, hf_name) if weights else _expert_bias_plans(t, hf_name)
+            if weights:
+                _check_kernel(gguf_path, t)
             for tp in experts:
-                tname = KERNEL_TYPES[tp.ggml].name
-                plan.types[tname] = plan.types.get(tname, 0) + int(tp.rows * KERNEL_TYPES[tp.ggml].row_bytes(tp.cols))
+                if weights:
+                    tname = KERNEL_TYPES[tp.ggml].name
+                    plan.types[tname] = plan.types.get(tname, 0) + int(tp.rows * KERNEL_TYPES[tp.ggml].row_bytes(
+                        tp.cols))
                 index, _, tp.name = tp.name[len(prefix):].partition(".")
                 plan.layers[int(index)].append(tp)
             continue
@@ -233,6 +249,12 @@ def _weights_map(model: nn.Module, processor_cls: Any, config: Any) -> dict:
         for w, hf in (("gate", "gate_up_proj"), ("up", "gate_up_proj"), ("down", "down_proj")):
             if f"{prefix}.experts.{hf}" in params:  # Mixtral's, which no processor maps
                 name_map.setdefault(f"blk.{bid}.ffn_{w}_exps.weight", f"{prefix}.experts.{hf}")
+            if f"{prefix}.experts.{hf}_bias" in params:  # gpt-oss's expert biases
+                name_map.setdefault(f"blk.{bid}.ffn_{w}_exps.bias", f"{prefix}.experts.{hf}_bias")
+    for name in params:  # gpt-oss's attention sinks: gguf-py's table names them without ".weight"
+        if name.endswith(".self_attn.sinks"):
+            bid = name.split(".")[-3]
+            name_map.setdefault(f"blk.{bid}.attn_sinks.weight", name)
     return name_map
 
 
@@ -245,6 +267,8 @@ def _processed_float(plan: TensorPlan, processor: Any) -> np.ndarray:
     import gguf
 
     values = gguf.dequantize(plan.source.data, plan.source.tensor_type)  # float32, exact for F32/F16/BF16
+    if plan.expert >= 0:  # one expert's row of a stacked bias (experts, rows)
+        values = values.reshape(-1, plan.shape[0])[plan.expert]
     result = processor.process(values, plan.source.name)
     return np.array(np.asarray(result.weights, dtype=np.float32).reshape(plan.shape), copy=True)  # writable
 

@@ -33,10 +33,10 @@ from .gpu.choice import cuda_kernels
 from .kernel_builds import MARKER, mark_used, prune_stale_builds
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_dot.h", "ggml_dot_low.h", "ggml_dot_iq2.h",
-           "ggml_dot_iq3.h", "ggml_dot_iq1.h", "ggml_dot_tq.h", "ggml_dot512.h", "ggml_amx.h", "ggml_x16.h",
-           "ggml_x16_vec.h", "ggml_x16_legacy.h", "ggml_x16_low.h", "attention.h", "layer.h", "layer_stack.h",
-           "experts.h")
+SOURCES = ("ggml_cpu.cpp", "ggml_decode.h", "ggml_decode_iq.h", "ggml_decode_mxfp4.h", "ggml_dot.h", "ggml_dot_low.h",
+           "ggml_dot_iq2.h", "ggml_dot_iq3.h", "ggml_dot_iq1.h", "ggml_dot_tq.h", "ggml_dot512.h", "ggml_amx.h",
+           "ggml_x16.h", "ggml_x16_vec.h", "ggml_x16_legacy.h", "ggml_x16_low.h", "attention.h", "layer.h",
+           "layer_stack.h", "experts.h")
 # "avx2": build without AVX-512 on a CPU that has it; "avx512": without AMX (the results are the same)
 ISA_VARIABLE = "OFFSPEC_KERNEL_ISA"
 # "rows": keep resident weights row-major instead of interleaving them (an A/B switch; the same results)
@@ -48,7 +48,7 @@ X16S_TYPES = 200
 # "exact": a draft's products keep the row-major kernels' bits too (an A/B switch; the same tokens either way)
 DRAFT_PRODUCTS_VARIABLE = "OFFSPEC_DRAFT_PRODUCTS"
 # the types with an interleaved layout
-X16_NAMES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K")
+X16_NAMES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "MXFP4")
 AMX_FLAGS = ["-mavx512vbmi", "-mamx-tile", "-mamx-int8"]
 
 _lock = threading.Lock()

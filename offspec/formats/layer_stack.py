@@ -83,7 +83,7 @@ def _holder(module: Optional[nn.Module], attr: str) -> tuple[Any, str]:
 
 
 def _holders(parts: LayerParts) -> list[tuple[Any, str]]:
-    """`_holder` of each of a layer's tensors: 7 weights, 3 biases, 6 norms (None where absent), in that order."""
+    """`_holder` of each of a layer's tensors: 7 weights, 4 biases, 6 norms (None where absent), in that order."""
     return [_holder(p, "qweight") for p in parts.projections] + [_holder(p, "bias") for p in parts.biased] + \
         [_holder(n, "weight") for n in parts.norms]
 
@@ -163,8 +163,8 @@ def _build_stack(body: nn.Module, all_parts: list) -> _Stack:
     native = kernels.compiled().LayerStack()
     windows = tuple(dict.fromkeys(p.window for p in all_parts))
     for i, parts in enumerate(all_parts):
-        t = tensors[16 * i : 16 * (i + 1)]
-        native.add(t[:7], kinds[7 * i : 7 * (i + 1)], t[7:10], t[10:16], parts.eps, parts.offset, parts.heads,
+        t = tensors[17 * i : 17 * (i + 1)]
+        native.add(t[:7], kinds[7 * i : 7 * (i + 1)], t[7:11], t[11:17], parts.eps, parts.offset, parts.heads,
                    parts.kv_heads, parts.head_dim, parts.scaling, parts.softcap, parts.activation,
                    windows.index(parts.window))
     watch = _watch_list(body, holders, tensors, projections)

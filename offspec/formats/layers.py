@@ -12,7 +12,8 @@ modules still see every call they saw before.
 Families (`FAMILY_LAYERS`): llama (Llama, SmolLM2), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), gemma2
 (tanh-GELU, sandwich norms with a (1 + w) scale, attention logit soft-capping, local and global layers), gemma3
 (gemma2's, with q/k norms instead of soft-capping, and a rope per layer type) and phi3 (fused q|k|v and gate|up
-projections, partial rotary). A layer's sliding window is in the mask it is given (the runner builds one per
+projections, partial rotary); of the mixtures (qwen3moe, qwen2moe, Mixtral, gpt-oss) the attention block (gpt-oss's
+with biases on q, k, v and o, and attention sinks), then the sparse block. A layer's sliding window is in the mask it is given (the runner builds one per
 window, `active`).
 
 A resident model of the plainest families goes one step further: all its layers in one compiled call
@@ -48,7 +49,7 @@ VARIABLE = "OFFSPEC_LAYERS"
 FAMILY_LAYERS = {"LlamaDecoderLayer": "llama", "MistralDecoderLayer": "mistral", "Qwen2DecoderLayer": "qwen2",
                  "Qwen3DecoderLayer": "qwen3", "Gemma2DecoderLayer": "gemma2", "Gemma3DecoderLayer": "gemma3",
                  "Phi3DecoderLayer": "phi3", "Qwen3MoeDecoderLayer": "qwen3moe", "Qwen2MoeDecoderLayer": "qwen2moe",
-                 "MixtralDecoderLayer": "mixtral"}
+                 "MixtralDecoderLayer": "mixtral", "GptOssDecoderLayer": "gpt-oss"}
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # layer.h's Activation
 # where each projection lives in a layer, in layer.h's order (q, k, v, o, gate, up, down); phi3 fuses q|k|v and
 # gate|up into one projection each (None: fused into the one before it)
@@ -83,7 +84,7 @@ class LayerParts(NamedTuple):
     projections: tuple  # q, k, v, o, gate, up, down: QLinear modules (None where fused into the one before); their
     # weights and kernel types are read at each call (streaming binds them for the pass; a resident layer's rows may
     # be interleaved after install)
-    biased: tuple  # q, k and v (the fused qkv, None, None), whose biases the layer adds
+    biased: tuple  # q, k, v (the fused qkv, None, None) and o, whose biases the layer adds
     norms: tuple  # input, post-attention, pre-MLP, post-MLP, q, k: RMSNorm modules or None (layer.h's order)
     eps: float
     offset: float  # 1.0 for gemma's (1 + w) norms
@@ -97,6 +98,9 @@ class LayerParts(NamedTuple):
     layer_idx: int
     moe: Optional[nn.Module] = None  # a mixture's sparse block: the compiled call runs the attention block alone,
     # and this block (its router and QExperts, csrc/experts.h) runs after it
+    sinks: Optional[nn.Module] = None  # gpt-oss's attention, whose sinks (H,) are read at each call (streaming binds
+    # them for the pass)
+    half_rope: bool = False  # cos and sin hold each frequency once (gpt-oss), not twice as rotate_half's
 
 
 def norm_eps(norm: nn.Module) -> Optional[float]:
@@ -123,7 +127,7 @@ def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[L
         module = None if path is None else layer.get_submodule(path)
         if module is not None and not isinstance(module, QLinear):
             return f"{path} holds {type(module).__name__} weights, not ggml blocks"
-        if module is not None and module.bias is not None and i >= 3:
+        if module is not None and module.bias is not None and i > 3:
             return f"{path} has a bias"
         projections.append(module)
     attn = layer.self_attn
@@ -142,10 +146,11 @@ def layer_parts(layer: nn.Module, config: Any, window: Optional[int]) -> Union[L
     if len(offsets) != 1:
         return "the layer mixes gemma and llama norms"
     head_dim = int(getattr(attn, "head_dim", 0) or config.hidden_size // config.num_attention_heads)
-    return LayerParts(tuple(projections), tuple(projections[:3]), norms, eps.pop(), offsets.pop(),
+    gpt_oss = name == "GptOssDecoderLayer"
+    return LayerParts(tuple(projections), tuple(projections[:4]), norms, eps.pop(), offsets.pop(),
                   config.num_attention_heads, config.num_key_value_heads, head_dim, float(attn.scaling),
                   float(getattr(attn, "attn_logit_softcapping", None) or 0.0), ACTIVATIONS[act], window,
-                  attn.layer_idx, moe)
+                  attn.layer_idx, moe, attn if gpt_oss else None, gpt_oss)
 
 
 def _sparse_block(layer: nn.Module) -> Union[None, nn.Module, str]:
@@ -211,7 +216,9 @@ def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs
             or hidden_states.dim() != 3 or hidden_states.shape[0] != 1 or hidden_states.dtype != torch.float32):
         return layer._offspec_hf_forward(hidden_states, *args, **kwargs)
     parts: LayerParts = layer._offspec_parts
-    cos, sin = position_embeddings  # (1, q, rotary dims) each
+    cos, sin = position_embeddings  # (1, q, rotary dims) each; gpt-oss's (1, q, rotary dims / 2)
+    if parts.half_rope:
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # (1, q, rotary dims)
     k_cache, v_cache = cache.buffers(parts.layer_idx, hidden_states, parts.kv_heads, parts.head_dim)
     out = kernels.compiled().decoder_layer(
         hidden_states[0].contiguous(), [_weight(p, "qweight") for p in parts.projections],
@@ -219,8 +226,9 @@ def _forward(layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs
         [_weight(p, "bias") for p in parts.biased], [_weight(n, "weight") for n in parts.norms], parts.eps,
         parts.offset, cos[0].float().contiguous(), sin[0].float().contiguous(), k_cache, v_cache, cache.write_slots,
         cache.kv_len, visible[parts.window], parts.heads, parts.kv_heads, parts.head_dim, parts.scaling,
-        parts.softcap, parts.activation)  # (q, hidden)
+        parts.softcap, parts.activation, None if parts.sinks is None else parts.sinks.sinks.detach())  # (q, hidden)
     if parts.moe is not None:  # the attention block ran: now the sparse block, as transformers' layer runs it
         x = layer.post_attention_layernorm(out[None])  # (1, q, hidden)
-        return out[None] + parts.moe(x)
+        y = parts.moe(x)
+        return out[None] + (y[0] if isinstance(y, tuple) else y)  # gpt-oss's block also returns its router scores
     return out[None]

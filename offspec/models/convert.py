@@ -33,7 +33,7 @@ import numpy as np
 
 from offspec.errors import OffspecError
 from offspec.formats.experts import expert_groups
-from offspec.formats.gguf_config import complete_config, gguf_fields, mixtral_config
+from offspec.formats.gguf_config import complete_config, gguf_fields, gpt_oss_config, mixtral_config
 from offspec.formats.gguf_import import (ImportUnsupported, check_every_tensor_used, plan_import, processor_for,
                                          tensors_of)
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
@@ -107,10 +107,12 @@ def gguf_config(gguf: Path, progress: ProgressFn = no_progress, name: str = "") 
     import gguf as gguf_py
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     reader = gguf_py.GGUFReader(str(gguf))
-    freqs = next((np.array(t.data, dtype=np.float32) for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     fields = gguf_fields(reader)
+    if fields.get("general.architecture") == "gpt-oss":  # transformers' reader fails on its rope keys
+        return gpt_oss_config(fields)
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    freqs = next((np.array(t.data, dtype=np.float32) for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     fields["offspec.rope_factors"] = any(t.name.startswith("rope_factors_") for t in reader.tensors)
     stacked = next((t for t in reader.tensors if t.name.endswith(".ffn_gate_exps.weight")), None)
     if fields.get("general.architecture") == "llama" and stacked is not None:  # Mixtral, as llama.cpp writes it

@@ -4,8 +4,8 @@ An architecture no code path runs, or a tensor of a type no code path reads, is 
 before the conversion starts (which would otherwise fail minutes in, or, for a type, only where the tensor is
 reached). Architectures: the families offspec runs (offspec.formats.gguf_config.FAMILIES; llama.cpp writes
 Mistral as llama), and the others transformers reads from a GGUF (converted too, said on the load line as not
-verified). Mixtures of experts: qwen3moe, qwen2moe and Mixtral (llama.cpp writes it as llama with stacked experts,
-which offspec reads as Mixtral) run; any other (gpt-oss, deepseek2, glm4moe, ...) is refused whatever transformers
+verified). Mixtures of experts: qwen3moe, qwen2moe, gpt-oss and Mixtral (llama.cpp writes it as llama with stacked
+experts, which offspec reads as Mixtral) run; any other (deepseek2, glm4moe, ...) is refused whatever transformers
 reads, and so is a llama file with experts but without the metadata llama.cpp needs to route them.
 Types: those the kernels compute with, and those gguf can decode exactly.
 """
@@ -25,9 +25,9 @@ from .convert import failure_reason
 # the GGUF architecture names of offspec's families (transformers' model type "gemma3_text" is gguf's "gemma3";
 # llama.cpp writes mistral and mixtral as llama)
 _GGUF_ARCH = {"gemma3_text": "gemma3", "mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe",
-              "qwen2_moe": "qwen2moe"}
+              "qwen2_moe": "qwen2moe", "gpt_oss": "gpt-oss"}
 FAMILY_ARCHS = frozenset(_GGUF_ARCH.get(a, a) for a in FAMILIES)
-MOE_ARCHS = ("qwen3moe", "qwen2moe", "llama")  # the mixtures offspec runs (llama: Mixtral)
+MOE_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss", "llama")  # the mixtures offspec runs (llama: Mixtral)
 
 
 def _readable(type_id: int) -> bool:
@@ -77,7 +77,7 @@ def check_gguf(path: Path, role: str) -> str:
     experts = expert_count(reader, arch)
     if experts and arch not in MOE_ARCHS:
         raise OffspecError(f"{role} model {path.name} is a mixture of experts ({arch}, {experts} experts a layer), "
-                           f"which offspec cannot run yet; it runs qwen3moe, qwen2moe and Mixtral mixtures, and "
+                           f"which offspec cannot run yet; it runs qwen3moe, qwen2moe, gpt-oss and Mixtral mixtures, and "
                            f"dense GGUFs (e.g. Qwen2.5, Llama 3, Gemma 3)")
     missing = [k for k in ("expert_count", "expert_used_count") if experts and f"{arch}.{k}" not in reader.fields]
     if missing:

@@ -31,8 +31,9 @@ Qwen2.5-Coder's GGUF had its other 17 control tokens and its "<tool_call>" encod
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from offspec.errors import OffspecError
 
@@ -68,11 +69,35 @@ def gguf_tokenizer(gguf: Path) -> Any:
     """transformers' tokenizer of the GGUF at `gguf`, splitting a prompt into llama.cpp's tokens (module doc)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with _without_gpt_oss_rope_keys():
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     vocab = gguf_vocab(gguf)
     _register(tokenizer, vocab, gguf.name)
     _split_digits(tokenizer, vocab)
     return tokenizer
+
+
+@contextmanager
+def _without_gpt_oss_rope_keys() -> Iterator[None]:
+    """transformers' GGUF reader (which its tokenizer loading runs whole) fails on a gpt-oss file's rope scaling keys
+    (it takes a key's length array for its value): within this context the gguf package's reader leaves them out.
+    offspec reads a gpt-oss config itself (formats/gguf_config.gpt_oss_config), so only the tokenizer comes from
+    transformers here."""
+    import gguf as gguf_py
+
+    original = gguf_py.GGUFReader
+
+    class Reader(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for key in [k for k in self.fields if k.startswith("gpt-oss.rope.scaling.")]:
+                del self.fields[key]
+
+    gguf_py.GGUFReader = Reader
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader = original
 
 
 def _register(tokenizer: Any, vocab: Vocab, name: str) -> None:

@@ -138,12 +138,13 @@ def _replace_moe(layer: nn.Module, config: Any, spec: LayerSpec) -> set[str]:
     experts = {t.name: (t.ggml, t.shape[0], t.cols) for t in spec.tensors if EXPERT_NAME.match(t.name)}
     if not experts:
         return set()
-    routers = {t.name: t.ggml for t in spec.tensors if t.name.endswith(".gate.qweight")
+    routers = {t.name: t.ggml for t in spec.tensors if t.name.endswith((".gate.qweight", ".router.qweight"))
                and type(layer.get_submodule(t.name.removesuffix(".qweight"))).__name__.endswith("TopKRouter")}
     if len(routers) != 1:
         raise OffspecError(f"a mixture-of-experts layer of the weight store has {len(routers)} stored routers; "
                            f"delete the model's cache entry and start again to rebuild it")
-    replace_moe(layer, config, experts, META, next(iter(routers.values())))
+    biased = any(t.name.endswith(".experts.0.gate_proj.bias") for t in spec.tensors)  # gpt-oss
+    replace_moe(layer, config, experts, META, next(iter(routers.values())), biased)
     return set(experts) | set(routers)
 
 

@@ -22,15 +22,16 @@ import numpy as np
 from .tiny import CHAT_TEMPLATE, MERGES, SPECIALS, make_tokenizer
 
 # where the float16 scale fields sit in each block type (IQ1_M: spread over the top nibbles of its scale words,
-# see _iq1_m_scale), and the scale to put there (weights of roughly 0.01 - 0.2)
+# see _iq1_m_scale; MXFP4: none, its scale is the E8M0 exponent byte 0, see random_blocks), and the scale to put
+# there (weights of roughly 0.01 - 0.2)
 HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
                "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,),
                "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
-               "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,)}
+               "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": ()}
 SCALE = {"Q4_0": 0.02, "Q4_1": 0.02, "Q5_0": 0.01, "Q5_1": 0.01, "Q8_0": 0.002, "Q2_K": 0.004, "Q3_K": 0.004,
          "Q4_K": 0.0006, "Q5_K": 0.0003, "Q6_K": 0.0002, "IQ4_NL": 0.002, "IQ4_XS": 0.0001, "IQ2_XXS": 0.001,
          "IQ2_XS": 0.001, "IQ2_S": 0.001, "IQ3_XXS": 0.0005, "IQ3_S": 0.0005, "IQ1_S": 0.01, "IQ1_M": 0.01,
-         "TQ1_0": 0.05, "TQ2_0": 0.05}
+         "TQ1_0": 0.05, "TQ2_0": 0.05, "MXFP4": 2.0**-7}
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 
 
@@ -119,9 +120,17 @@ def _encode_iq4_xs(w: np.ndarray) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
+def mxfp4_exponents(rng: np.random.Generator, shape: tuple[int, ...], scale: float = SCALE["MXFP4"]) -> np.ndarray:
+    """Random MXFP4 exponents (uint8) around `scale`: 2**(e - 128) within a factor 2 of it (one of 3 powers of 2)."""
+    centre = 128 + int(round(np.log2(scale)))
+    return rng.integers(centre - 1, centre + 2, shape).astype(np.uint8)
+
+
 def encode(values: np.ndarray, type_name: str) -> np.ndarray:
     """(rows, cols) float32 -> (rows, row_bytes) uint8 blocks of `type_name` (gguf's quantizers, or the simple
-    k-quant and IQ4 encoders above)."""
+    k-quant and IQ4 encoders above). MXFP4 is gguf's quantizer, llama.cpp's arithmetic (quantize_row_mxfp4_ref:
+    e = floor(log2 max|x|) - 2 + 127, then the nearest table entry): valid blocks within 4 * 2**(e - 128) of x (half
+    the table's widest step, 8 to 12, and what a block's top clips above 12), about 12% of normal weights' spread."""
     import gguf
 
     if type_name == "IQ4_NL":
@@ -137,6 +146,7 @@ def encode(values: np.ndarray, type_name: str) -> np.ndarray:
 
 
 RANDOM_ONLY = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")  # lattice types: no encoder
+REFUSED = ("NVFP4",)  # a type offspec refuses (and gguf cannot quantize): random bytes, never decoded
 
 
 def random_blocks(rng: np.random.Generator, type_name: str, rows: int, cols: int) -> np.ndarray:
@@ -150,10 +160,12 @@ def random_blocks(rng: np.random.Generator, type_name: str, rows: int, cols: int
         return np.ascontiguousarray(gguf.quantize(values, qt)).view(np.uint8).reshape(rows, -1)
     nb = cols // block
     raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)  # any bytes are valid indices, signs, scales
-    for i, off in enumerate(HALF_FIELDS[type_name]):
+    for i, off in enumerate(HALF_FIELDS[type_name] if type_name not in REFUSED else ()):
         scale = SCALE[type_name] * (1.0 if i == 0 else 0.5)
         halves = (rng.uniform(0.5, 1.5, (rows, nb)) * scale).astype(np.float16)
         raw[:, :, off : off + 2] = halves.view(np.uint8).reshape(rows, nb, 2)
+    if type_name == "MXFP4":  # the E8M0 exponent: any byte is a power of 2 (255: 2**127, overflowing the table's 12)
+        raw[:, :, 0] = mxfp4_exponents(rng, (rows, nb))
     if type_name == "IQ1_M":  # d's 16 bits in the top nibbles of the 4 scale words (bytes 48-55)
         bits = (rng.uniform(0.5, 1.5, (rows, nb)) * SCALE[type_name]).astype(np.float16).view(np.uint16)
         for i in range(4):
@@ -244,7 +256,7 @@ def save_shape_twin(path: Path, layers: int = 2, hidden: int = 8192, inter: int 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 # mixtures of experts: a router and stacked experts in place of each layer's dense FFN (qwen2moe: a shared expert
 # with its own sigmoid gate beside them)
-MOE_FAMILIES = ("qwen3moe", "qwen2moe", "mixtral")
+MOE_FAMILIES = ("qwen3moe", "qwen2moe", "mixtral", "gpt-oss")
 # llama.cpp writes Mistral and Mixtral as llama (transformers tells Mistral apart by the name; Mixtral by its experts)
 GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
 
@@ -268,7 +280,9 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     tensors, by name. The MoE families (`MOE_FAMILIES`; `experts` defaults to 8) hold, per layer, an F32 router
     (`ffn_gate_inp`) and stacked experts of `expert_inter` rows (`ffn_{gate,up,down}_exps`, ggml's (cols, rows,
     experts): `types["experts"]` for gate and up, `types["down_exps"]` for down), `expert_used` chosen per token;
-    qwen2moe also a shared expert (`ffn_*_shexp`, `inter` rows) and its F32 gate (`ffn_gate_inp_shexp`)."""
+    qwen2moe also a shared expert (`ffn_*_shexp`, `inter` rows) and its F32 gate (`ffn_gate_inp_shexp`); gpt-oss
+    F32 biases on q, k, v, o, the router and each expert's projections, attention sinks, every other layer local
+    (`window`, the first one included) and a YaRN rope (factor 32 over an original context of 64)."""
     import gguf
 
     if arch not in FAMILIES + MOE_FAMILIES:
@@ -288,7 +302,7 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     noise_rng = np.random.default_rng(10_000 + seed)
 
     def blocks(name: str, rows: int, cols: int, type_name: str, scale: float = 1.0) -> np.ndarray:
-        if type_name in RANDOM_ONLY:  # no encoder here: random valid blocks
+        if type_name in RANDOM_ONLY + REFUSED:  # no encoder here: random valid blocks (REFUSED: random bytes)
             return random_blocks(rng, type_name, rows, cols)
         values = rng.normal(0.0, 0.2, (rows, cols)).astype(np.float32) * scale  # like tests/helpers/tiny.py's models
         if noise > 0:
@@ -306,11 +320,17 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1_000_000.0 if arch == "gemma3" else 10000.0)
-    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3"):
+    if arch in ("qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if gemma:
+    if gemma or arch == "gpt-oss":
         w.add_sliding_window(window)
+    if arch == "gpt-oss":  # YaRN as gpt-oss's (factor 32), over a short original context so the ramp matters
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(64)
+        w.add_rope_scaling_yarn_beta_fast(32.0)
+        w.add_rope_scaling_yarn_beta_slow(1.0)
     if arch == "gemma3":  # every other layer global (the real ones: every 6th), so two layers hold both kinds
         w.add_sliding_window_pattern(2)
     if arch == "gemma2":
@@ -340,7 +360,7 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
     for i in range(layers):
         p = f"blk.{i}."
         floats(p + "attn_norm.weight", hidden)  # gemma's norms are stored as 1 + w, as llama.cpp writes them
-        floats(p + "ffn_norm.weight", hidden)
+        floats(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), hidden)
         if gemma:
             floats(p + "post_attention_norm.weight", hidden)
             floats(p + "post_ffw_norm.weight", hidden)
@@ -353,16 +373,23 @@ def save_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, hidden: int =
         else:
             for n, rows, t in (("attn_q", q_rows, "linear"), ("attn_k", kv_rows, "linear"), ("attn_v", kv_rows, "v")):
                 add(p + n + ".weight", blocks(n, rows, hidden, types[t]), types[t], hidden)
-                if arch in ("qwen2", "qwen2moe"):
+                if arch in ("qwen2", "qwen2moe", "gpt-oss"):
                     floats(p + n + ".bias", rows, mean=0.0)
         add(p + "attn_output.weight", blocks("attn_output", hidden, q_rows, types["linear"]), types["linear"], q_rows)
+        if arch == "gpt-oss":
+            floats(p + "attn_output.bias", hidden, mean=0.0)
+            w.add_tensor(p + "attn_sinks.weight", rng.normal(0.0, 1.0, heads).astype(np.float32))
         if moe:  # ggml's (cols, rows, experts): (experts, rows, row_bytes) blocks
             w.add_tensor(p + "ffn_gate_inp.weight", rng.normal(0, 0.5, (experts, hidden)).astype(np.float32))
+            if arch == "gpt-oss":
+                w.add_tensor(p + "ffn_gate_inp.bias", rng.normal(0, 0.5, experts).astype(np.float32))
             for n, rows, cols, t in (("ffn_gate_exps", expert_inter, hidden, "experts"),
                                      ("ffn_up_exps", expert_inter, hidden, "experts"),
                                      ("ffn_down_exps", hidden, expert_inter, "down_exps")):
                 stacked = np.stack([blocks(n, rows, cols, types[t]) for _ in range(experts)])
                 add(p + n + ".weight", stacked, types[t], cols)
+                if arch == "gpt-oss":  # ggml's (rows, experts)
+                    w.add_tensor(p + n + ".bias", rng.normal(0, 0.1, (experts, rows)).astype(np.float32))
             if arch == "qwen2moe":
                 floats(p + "ffn_gate_inp_shexp.weight", hidden, mean=0.0)
                 for n in ("ffn_gate_shexp", "ffn_up_shexp"):

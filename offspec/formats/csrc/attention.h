@@ -6,7 +6,8 @@
 //
 // Per query head the operations are fixed: each visible key's score dot_f32(q, k) * scale (then soft-capped), the
 // largest of them, p = softmax_exp(score - largest) and their double sum in slot order, and each output element's fma
-// chain acc = fma(p, v, acc) over the keys in slot order, times 1 / sum. What may vary is only how the work is laid
+// chain acc = fma(p, v, acc) over the keys in slot order, times 1 / sum. gpt-oss's attention sinks (a learned logit
+// per head, a key without a value) join the largest and, last, the sum: the same for every query. What may vary is only how the work is laid
 // out, never the value of an operation: the query heads that share a key head (grouped-query attention) run
 // together, so that each visible key and value row is read once for all of them and the visible keys are listed
 // once, and the output elements' chains run in registers, a chunk of elements at a time over all the keys.
@@ -184,7 +185,7 @@ inline float attend_max(const float* x, int64_t n) {
 // One query's G heads (q[g]; out o[g]) over its n visible keys (slot), their scores and exponentials in p[g].
 template <int G>
 inline void attend_heads(const float* const* q, const int64_t* slot, int64_t n, const float* kh, const float* vh,
-                         int64_t D, float scale, float softcap, float* const* p, float* const* o) {
+                         int64_t D, float scale, float softcap, const float* sink, float* const* p, float* const* o) {
   if (n == 0) {
     for (int g = 0; g < G; g++)
       for (int64_t d = 0; d < D; d++) o[g][d] = 0.0f;
@@ -204,23 +205,28 @@ inline void attend_heads(const float* const* q, const int64_t* slot, int64_t n, 
   }
   float top[G];  // the largest score (a maximum: the same whatever the order it is taken in)
   for (int g = 0; g < G; g++) top[g] = attend_max(p[g], n);
+  if (sink != nullptr)
+    for (int g = 0; g < G; g++) top[g] = sink[g] > top[g] ? sink[g] : top[g];
   for (int g = 0; g < G; g++) softmax_exps(p[g], n, top[g]);
   double total[G];  // each head's in slot order (the heads' chains interleaved)
   for (int g = 0; g < G; g++) total[g] = 0.0;
   for (int64_t c = 0; c < n; c++)
     for (int g = 0; g < G; g++) total[g] += p[g][c];
+  if (sink != nullptr)  // the sink's weight, last: it takes a share of the sum and gives no value
+    for (int g = 0; g < G; g++) total[g] += softmax_exp(sink[g] - top[g]);
   float inv[G];
   for (int g = 0; g < G; g++) inv[g] = (float)(1.0 / total[g]);
   attend_values<G>(p, slot, n, vh, D, inv, o);
 }
 
 // out (Q, H, D) = softmax(cap(scale q k^T) over visible keys) v, per query row and head; cap(s) = tanh(s / softcap)
-// * softcap where softcap > 0 (gemma2's attention logit soft-capping), else s.
+// * softcap where softcap > 0 (gemma2's attention logit soft-capping), else s; sinks (H,) or nullptr: a logit per
+// head in the softmax's sum and no value (gpt-oss).
 // q (H, Q, D) contiguous; k, v (Hkv, L, D) with row stride D and head stride `kv_head_stride` (a slice of a
 // pre-allocated cache); visible (Q, L) bool.
 inline void attend(const float* q, const float* k, const float* v, const bool* visible, float* out, int64_t H,
                    int64_t Hkv, int64_t Q, int64_t L, int64_t D, int64_t kv_head_stride, float scale,
-                   float softcap = 0.0f) {
+                   float softcap = 0.0f, const float* sinks = nullptr) {
   const int64_t group = H / Hkv;
   const int64_t batches = (group + ATTEND_HEADS - 1) / ATTEND_HEADS;  // per key head, of near-equal sizes
   // task t: key head t / (Q * batches), query (t / batches) % Q, head batch t % batches
@@ -244,11 +250,12 @@ inline void attend(const float* q, const float* k, const float* v, const bool* v
         pg[g] = score.data() + g * L;
         og[g] = out + (i * H + h0 + g) * D;
       }
+      const float* sg = sinks != nullptr ? sinks + h0 : nullptr;
       switch (G) {
-        case 1: attend_heads<1>(qg, slot.data(), n, kh, vh, D, scale, softcap, pg, og); break;
-        case 2: attend_heads<2>(qg, slot.data(), n, kh, vh, D, scale, softcap, pg, og); break;
-        case 3: attend_heads<3>(qg, slot.data(), n, kh, vh, D, scale, softcap, pg, og); break;
-        default: attend_heads<4>(qg, slot.data(), n, kh, vh, D, scale, softcap, pg, og); break;
+        case 1: attend_heads<1>(qg, slot.data(), n, kh, vh, D, scale, softcap, sg, pg, og); break;
+        case 2: attend_heads<2>(qg, slot.data(), n, kh, vh, D, scale, softcap, sg, pg, og); break;
+        case 3: attend_heads<3>(qg, slot.data(), n, kh, vh, D, scale, softcap, sg, pg, og); break;
+        default: attend_heads<4>(qg, slot.data(), n, kh, vh, D, scale, softcap, sg, pg, og); break;
       }
     }
   });

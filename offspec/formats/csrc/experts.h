@@ -6,26 +6,56 @@
 // decoded alone. What it saves is about 12 dispatched torch operations per routed expert, and two forks of the
 // threads per expert: the experts are spread over the threads instead.
 //
+// gpt-oss's experts add a bias to each of their three products and gate with a clamped SwiGLU (`swiglu_oai`), whose
+// sigmoid is softmax_exp's (attention.h): the same bits in every build and lane, where torch's vectorized sigmoid
+// and its scalar tail may give one value two results.
+//
 // Included by ggml_cpu.cpp after `qgemm` and `qgemm_many`.
 
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 
 namespace offspec {
 
+// 1 / (1 + exp(-z)) from softmax_exp of a non-positive argument only (where it is exact to about 2 ulp)
+inline float stable_sigmoid(float z) {
+  if (z >= 0.0f) return 1.0f / (1.0f + softmax_exp(-z));
+  const float e = softmax_exp(z);
+  return e / (1.0f + e);
+}
+
+// In place on g (r, I): (clamp(u, -limit, limit) + 1) * x * sigmoid(alpha x), x = min(g, limit) (gpt-oss's
+// experts: transformers' GptOssExperts._apply_gate, llama.cpp's swiglu_oai), value by value
+inline void swiglu_oai(torch::Tensor& g, const torch::Tensor& u, float alpha, float limit) {
+  TORCH_CHECK(g.is_contiguous() && u.sizes() == g.sizes(), "offspec: gate and up must be (r, I)");
+  torch::Tensor uc = u.contiguous();
+  float* gp = g.data_ptr<float>();
+  const float* up = uc.data_ptr<float>();
+  for (int64_t i = 0, n = g.numel(); i < n; i++) {
+    const float x = std::min(gp[i], limit);
+    const float y = std::min(std::max(up[i], -limit), limit);
+    gp[i] = (y + 1.0f) * (x * stable_sigmoid(alpha * x));
+  }
+}
+
 // x (T, H) float32; idx (T, k) long, w (T, k) float32; ids (n,) long ascending, the experts routed to; gates, ups,
-// downs (n each): their weights as ggml block rows, `types` (3n: gate, up, down of each); activation: SILU or
-// GELU_TANH. Returns (T, H) float32.
+// downs (n each): their weights as ggml block rows, `types` (3n: gate, up, down of each); activation: SILU,
+// GELU_TANH or SWIGLU_OAI (with `alpha` and `limit`); biases: empty, or 3n (gate, up, down of each; gpt-oss).
+// Returns (T, H) float32.
 inline torch::Tensor experts_ffn(torch::Tensor x, torch::Tensor idx, torch::Tensor w, torch::Tensor ids,
                                  std::vector<torch::Tensor> gates, std::vector<torch::Tensor> ups,
-                                 std::vector<torch::Tensor> downs, std::vector<int64_t> types, int64_t activation) {
+                                 std::vector<torch::Tensor> downs, std::vector<int64_t> types, int64_t activation,
+                                 std::vector<torch::Tensor> biases, double alpha, double limit) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
               "offspec: experts take (T, H) float32 CPU rows");
   const int64_t n = ids.numel();
   TORCH_CHECK(gates.size() == (size_t)n && ups.size() == (size_t)n && downs.size() == (size_t)n &&
               types.size() == (size_t)(3 * n), "offspec: one gate, up and down (and 3 types) per routed expert");
-  TORCH_CHECK(activation == SILU || activation == GELU_TANH, "offspec: unknown activation ", activation);
+  TORCH_CHECK(activation == SILU || activation == GELU_TANH || activation == SWIGLU_OAI,
+              "offspec: unknown activation ", activation);
+  TORCH_CHECK(biases.empty() || biases.size() == (size_t)(3 * n), "offspec: no biases, or 3 per routed expert");
   x = x.contiguous();
   idx = idx.to(torch::kLong).contiguous();
   w = w.to(torch::kFloat32).contiguous();
@@ -57,12 +87,19 @@ inline torch::Tensor experts_ffn(torch::Tensor x, torch::Tensor idx, torch::Tens
     torch::Tensor xs = x.index_select(0, picked);  // (r, H)
     auto gu = qgemm_many(xs, {gates[j], ups[j]}, {types[3 * j], types[3 * j + 1]}, H);
     torch::Tensor g = gu[0];  // (r, I)
-    if (activation == GELU_TANH) {
+    if (!biases.empty()) {  // (r, I) + (I,): one rounding per value, as QLinear's add
+      g += biases[3 * j];
+      gu[1] += biases[3 * j + 1];
+    }
+    if (activation == SWIGLU_OAI) {
+      swiglu_oai(g, gu[1], (float)alpha, (float)limit);
+    } else if (activation == GELU_TANH) {
       at::gelu_(g, "tanh").mul_(gu[1]);
     } else {
       at::silu_(g).mul_(gu[1]);
     }
     ys[j] = qgemm(g, downs[j], types[3 * j + 2], g.size(1));  // (r, H)
+    if (!biases.empty()) ys[j] += biases[3 * j + 2];
   };
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
   if (threads <= 1 || at::in_parallel_region()) {

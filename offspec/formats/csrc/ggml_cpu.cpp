@@ -4,7 +4,7 @@
 //   qgemm(x, w, type, K)   y (M, N) = x (M, K) @ W^T, W given as N rows of blocks
 //   qgemm_many(x, ws, types, K)  qgemm by several weights of one input (q, k, v; gate, up), quantized once
 //   dequantize(w, type, K)  the exact float32 values of rows of blocks (gguf's reference arithmetic)
-//   attend(q, k, v, visible, scale, softcap)  attention per query over its visible keys only (attention.h)
+//   attend(q, k, v, visible, scale, softcap[, sinks])  attention per query over its visible keys (attention.h)
 //   decoder_layer(...)      a whole decoder layer in one call: llama, qwen2/3, gemma2/3, phi3 (layer.h)
 //   experts_ffn(...)        a mixture's routed experts in one call (experts.h)
 //   LayerStack              a model's decoder layers bound once, run in one call (layer_stack.h)
@@ -284,7 +284,7 @@ torch::Tensor dequantize(torch::Tensor w, int64_t type, int64_t K) {
 // q (1, H, Q, D), k and v (1, Hkv, L, D) slices of a cache (last dim contiguous), visible (Q, L) bool
 // -> (1, Q, H, D) float32, the layout transformers' attention functions return.
 torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor visible, double scale,
-                           double softcap) {
+                           double softcap, std::optional<torch::Tensor> sinks) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
               v.scalar_type() == torch::kFloat32, "offspec: exact attention runs in float32");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(0) == 1, "offspec: one sequence at a time");
@@ -294,9 +294,15 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == D && v.stride(2) == D &&
               k.stride(1) == v.stride(1), "offspec: keys and values must be rows of a cache buffer");
   TORCH_CHECK(visible.size(0) == Q && visible.size(1) == L && H % Hkv == 0, "offspec: attention shapes disagree");
+  torch::Tensor sink;  // (H,) float32, gpt-oss's attention sinks
+  if (sinks.has_value()) {
+    sink = sinks->to(torch::kFloat32).contiguous();
+    TORCH_CHECK(sink.numel() == H, "offspec: one attention sink per head");
+  }
   auto out = torch::empty({1, Q, H, D}, q.options());  // (1, Q, H, D) float32
   attend(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), visible.data_ptr<bool>(),
-         out.data_ptr<float>(), H, Hkv, Q, L, D, k.stride(1), (float)scale, (float)softcap);
+         out.data_ptr<float>(), H, Hkv, Q, L, D, k.stride(1), (float)scale, (float)softcap,
+         sinks.has_value() ? sink.data_ptr<float>() : nullptr);
   return out;
 }
 
@@ -341,7 +347,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "they can be");
   m.def("dequantize", &dequantize, "exact float32 rows of ggml blocks");
   m.def("attend", &attend_exact, "attention per query over its visible keys only, logits soft-capped where softcap > 0 "
-        "(row invariant)");
+        "(row invariant), with gpt-oss's attention sinks where given", py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("visible"), py::arg("scale"), py::arg("softcap"), py::arg("sinks") = py::none());
   m.def("decoder_layer", &decoder_layer, "one decoder layer: llama, qwen2/3, gemma2/3, phi3 (layer.h)");
   m.def("experts_ffn", &experts_ffn, "a mixture's routed experts, ascending, each row its own (experts.h)");
   m.def("interleave", &interleave, "weight rows interleaved 16 at a time (forward) or back (ggml_x16.h)");

@@ -17,7 +17,7 @@ enum GgmlType : int64_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
   Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
   IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23, IQ1_M = 29,
-  TQ1_0 = 34, TQ2_0 = 35,
+  TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
 };
 
 struct Layout { int64_t block; int64_t bytes; };
@@ -48,6 +48,7 @@ Layout layout_of(int64_t type) {
     case IQ1_M: return {256, 56};
     case TQ1_0: return {256, 54};
     case TQ2_0: return {256, 66};
+    case MXFP4: return {32, 17};
     default: TORCH_CHECK(false, "offspec: no CPU kernel for ggml type ", type);
   }
   return {0, 0};
@@ -241,6 +242,7 @@ void dec_q6_k(const uint8_t* b, float* out) {
 }  // namespace offspec
 
 #include "ggml_decode_iq.h"  // the IQ and TQ types' decoders (they use half_at above)
+#include "ggml_decode_mxfp4.h"  // MXFP4's table, exponent and decoder
 
 namespace offspec {
 
@@ -281,6 +283,7 @@ void decode_row(int64_t type, const uint8_t* row, int64_t K, float* out) {
     case IQ1_M: dec = dec_iq1_m; break;
     case TQ1_0: dec = dec_tq1_0; break;
     case TQ2_0: dec = dec_tq2_0; break;
+    case MXFP4: dec = dec_mxfp4; break;
     default: TORCH_CHECK(false, "offspec: no CPU kernel for ggml type ", type);
   }
   for (int64_t i = 0, n = K / lay.block; i < n; i++) dec(row + i * lay.bytes, out + i * lay.block);

@@ -99,11 +99,13 @@ inline __m256i bits_32(const uint8_t* p) {  // 32 bits (little endian) -> 32 byt
   return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
 }
 
-// 32 nibbles (nibbles_32's order) -> their int8 values in IQ4_NL's non-linear table (a byte shuffle per lane)
-inline __m256i iq4_values(__m256i nibbles) {
-  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL)));
+// 32 nibbles (nibbles_32's order) -> their int8 values in a 16-entry table (a byte shuffle per lane)
+inline __m256i table_values(const int8_t* table16, __m256i nibbles) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table16)));
   return _mm256_shuffle_epi8(table, nibbles);
 }
+// ... in IQ4_NL's non-linear table
+inline __m256i iq4_values(__m256i nibbles) { return table_values(KVALUES_IQ4NL, nibbles); }
 
 inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256i load32u(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -130,9 +132,9 @@ struct XSet {  // M quantized activation rows
 };
 
 // What the signed legacy types add to their weights to make them unsigned bytes (q + offset: Q4_0's and Q5_0's
-// stored values, Q8_0's with the top bit flipped, IQ4_NL's table values + 128); 0 for the others.
+// stored values, Q8_0's with the top bit flipped, IQ4_NL's table values + 128, MXFP4's + 12); 0 for the others.
 constexpr int legacy_offset(int64_t type) {
-  return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 || type == IQ4_NL ? 128 : 0;
+  return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 || type == IQ4_NL ? 128 : type == MXFP4 ? MXFP4_OFFSET : 0;
 }
 
 // The lanes' offset terms of XSet::o: o[m][i] = -offset * (x[4i] + x[4i+1] + x[4i+2] + x[4i+3]) of row m.
@@ -169,21 +171,28 @@ inline XVec xload(const int8_t* p) { return p; }
 #endif
 
 // Legacy types, one block of 32 per step. Q4_0 -> q - 8, Q5_0 -> q - 16, Q8_0 -> q, IQ4_NL -> kvalues[q] (signed,
-// w = d q'); Q4_1 / Q5_1 -> q (unsigned, w = d q + m).
+// w = d q'); Q4_1 / Q5_1 -> q (unsigned, w = d q + m). MXFP4 is IQ4_NL's kind with its own table and, for d, an E8M0
+// exponent of one byte (ggml_decode_mxfp4.h), made a float here once per block.
 template <int64_t T>
 struct Legacy {
   static constexpr int64_t TYPE = T;
-  static constexpr int64_t BYTES = T == Q4_0 || T == IQ4_NL ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 34;
+  static constexpr int64_t BYTES = T == Q4_0 || T == IQ4_NL ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24
+                                   : T == MXFP4 ? 17 : 34;
   static constexpr bool MIN = T == Q4_1 || T == Q5_1;
   const uint8_t* blk;
   float d, m;
-  explicit Legacy(const uint8_t* p) : blk(p), d(half_at(p)), m(MIN ? half_at(p + 2) : 0.0f) {}
+  explicit Legacy(const uint8_t* p) : blk(p), d(scale_at(p)), m(MIN ? half_at(p + 2) : 0.0f) {}
+  static float scale_at(const uint8_t* p) {
+    if constexpr (T == MXFP4) return e8m0_half(p[0]);
+    else return half_at(p);
+  }
   QVec q(int) const {
 #ifdef OFFSPEC_AVX2
     if (T == Q4_0) return _mm256_sub_epi8(nibbles_32(blk + 2), _mm256_set1_epi8(8));
     if (T == Q5_0) return _mm256_sub_epi8(_mm256_or_si256(nibbles_32(blk + 6), bits_32(blk + 2)), _mm256_set1_epi8(16));
     if (T == Q8_0) return load32u(blk + 2);
     if (T == IQ4_NL) return iq4_values(nibbles_32(blk + 2));
+    if (T == MXFP4) return table_values(KVALUES_MXFP4, nibbles_32(blk + 1));
     if (T == Q4_1) return nibbles_32(blk + 4);
     return _mm256_or_si256(nibbles_32(blk + 8), bits_32(blk + 4));  // Q5_1
 #else
@@ -192,10 +201,12 @@ struct Legacy {
       std::memcpy(r.v, blk + 2, 32);
       return r;
     }
-    if (T == IQ4_NL) {
+    if (T == IQ4_NL || T == MXFP4) {
+      const int8_t* table = T == IQ4_NL ? KVALUES_IQ4NL : KVALUES_MXFP4;
+      const uint8_t* qs = blk + (T == IQ4_NL ? 2 : 1);
       for (int j = 0; j < 16; j++) {
-        r.v[j] = KVALUES_IQ4NL[blk[2 + j] & 0x0F];
-        r.v[j + 16] = KVALUES_IQ4NL[blk[2 + j] >> 4];
+        r.v[j] = table[qs[j] & 0x0F];
+        r.v[j + 16] = table[qs[j] >> 4];
       }
       return r;
     }
@@ -729,6 +740,7 @@ inline bool integer_kernel(int64_t type) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K:
     case IQ4_NL: case IQ4_XS:
     case IQ2_XXS: case IQ2_XS: case IQ2_S: case IQ3_XXS: case IQ3_S: case IQ1_S: case IQ1_M: case TQ1_0: case TQ2_0:
+    case MXFP4:
       return true;
     default: return false;
   }
@@ -765,6 +777,7 @@ inline void dot_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t count, 
       case Q5_1: rows<Legacy<Q5_1>>(wi, x, yi, ystride); break;
       case Q8_0: rows<Legacy<Q8_0>>(wi, x, yi, ystride); break;
       case IQ4_NL: rows<Legacy<IQ4_NL>>(wi, x, yi, ystride); break;
+      case MXFP4: rows<Legacy<MXFP4>>(wi, x, yi, ystride); break;
       default: TORCH_CHECK(false, "offspec: no integer kernel for ggml type ", type);
     }
   }

@@ -221,11 +221,13 @@ void tile512(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t ystr
 // without saturating): u = q + offset, so a block pair's products need no sign trick (tile512's abs, mask and
 // negation) and a lane's sum starts at -offset times the sum of its 4 activations (XSet::o, once per activation row),
 // which leaves it the exact int32 sum of q * x that tile512 computes: the same float steps on the same integers.
+// MXFP4's u = q + 12 (at most 24) too.
 constexpr bool unsigned_legacy(int64_t type) {
 #ifdef __AVX512VNNI__
-  return type == Q4_0 || type == Q5_0 || type == Q8_0 || type == IQ4_NL;
+  return type == Q4_0 || type == Q5_0 || type == Q8_0 || type == IQ4_NL || type == MXFP4;
 #else
-  return type == Q4_0 || type == Q5_0;  // maddubs' 16-bit pair sums hold 2 * 31 * 127, not 2 * 255 * 127
+  // maddubs' 16-bit pair sums hold 2 * 31 * 127, not 2 * 255 * 127
+  return type == Q4_0 || type == Q5_0 || type == MXFP4;
 #endif
 }
 
@@ -235,7 +237,7 @@ inline __m512i legacy_unsigned2(const uint8_t* b0, const uint8_t* b1) {
   if constexpr (T == Q8_0) {
     return _mm512_xor_si512(join256(load32u(b0 + 2), load32u(b1 + 2)), _mm512_set1_epi8((char)0x80));
   } else {
-    constexpr int qs = T == Q5_0 ? 6 : 2;  // the 16 bytes of nibbles: elements 0-15 low, 16-31 high
+    constexpr int qs = T == Q5_0 ? 6 : T == MXFP4 ? 1 : 2;  // the 16 bytes of nibbles: elements 0-15 low, 16-31 high
     const __m512i both = join256(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + qs))),
                                  _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + qs))));
     // the second copy of each block's bytes shifted to their high nibbles (16-bit lanes 8-15 and 24-31)
@@ -249,6 +251,10 @@ inline __m512i legacy_unsigned2(const uint8_t* b0, const uint8_t* b1) {
     if constexpr (T == IQ4_NL) {  // the nibbles index IQ4_NL's table, here + 128 (unsigned bytes 1 .. 241)
       const __m128i k = _mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4NL));
       v = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(k, _mm_set1_epi8((char)0x80))), v);
+    }
+    if constexpr (T == MXFP4) {  // MXFP4's table + 12 (unsigned bytes 0 .. 24)
+      const __m128i k = _mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_MXFP4_U));
+      v = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(k), v);
     }
     return v;
   }
@@ -267,10 +273,15 @@ void tile512u(const uint8_t* w, const XSet& x, int64_t r0, float* y, int64_t yst
     const uint8_t* p1 = p0 + B::BYTES;
     legacy_prefetch(p0);
     const __m512i u = legacy_unsigned2<T>(p0, p1);
-    uint16_t h0, h1;
-    std::memcpy(&h0, p0, 2);
-    std::memcpy(&h1, p1, 2);
-    const __m512 ws = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));  // exact
+    __m512 ws;  // the two blocks' d, b0's in the low half
+    if constexpr (T == MXFP4) {
+      ws = join256(_mm256_set1_ps(e8m0_half(p0[0])), _mm256_set1_ps(e8m0_half(p1[0])));
+    } else {
+      uint16_t h0, h1;
+      std::memcpy(&h0, p0, 2);
+      std::memcpy(&h1, p1, 2);
+      ws = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16((short)h1), _mm_set1_epi16((short)h0)));  // exact
+    }
     for (int r = 0; r < R; r++) {
       const __m512i xv = _mm512_loadu_si512(x.qrow(r0 + r, xb));
       const __m512i isum = dot_us512_from(_mm512_loadu_si512(x.orow(r0 + r, xb)), u, xv);

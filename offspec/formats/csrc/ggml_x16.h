@@ -1,5 +1,5 @@
 // Weights interleaved 16 rows at a time (the "x16" layouts), and their products on AVX2 / AVX-512: Q4_K and Q6_K
-// here, Q2_K and Q3_K in ggml_x16_low.h, the legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) in
+// here, Q2_K and Q3_K in ggml_x16_low.h, the legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) in
 // ggml_x16_legacy.h.
 //
 // A row-major K-quant row pays per super-block for what a one-row product cannot share between weight rows:
@@ -28,6 +28,8 @@
 //     mask put the fifth bits of elements 4c .. 4c + 3 at bit 4 of their bytes. Where a group block is not whole
 //     cache lines (Q4_0, IQ4_NL, Q5_0, Q8_0: 32 bytes over), the blocks of odd index in the weight put d and qh first
 //     and the quants after them; the others the quants first, then qh and d (so the quants start on a line).
+//     MXFP4 (16 x 17 = 272 bytes): its 16 exponent bytes (byte r: row r), then the quants as Q4_0's. 16 bytes over
+//     whole lines, no alternation of two blocks would keep its quants on a line: they always follow the exponents.
 //   Q2_K (16 x 84 = 1344 bytes, 21 lines): the quant chunks (h < 2, c < 8): bytes qs[32h + 4c .. +4] of row r at
 //     (8h + c) * 64 + 4r (2 bits of each byte per sub-block h*4 + s), then the 16 scale bytes of the 16 rows in pairs
 //     (byte o of row r at 1024 + 32 (o / 2) + 2r + o % 2: one load and one widening give a row's two in its lane),
@@ -83,23 +85,26 @@ constexpr int64_t X16S_TYPES = 200;
 struct LegacyX16Layout {
   int64_t group_bytes, quants;
   bool min, qh, flip;
-  int64_t qh_in_row() const { return min ? 4 : 2; }  // where a row-major block's qh word starts (after d, m)
+  int64_t sb;  // the bytes of a row's d: 2 (a half), 1 (MXFP4's exponent)
+  int64_t d_bytes() const { return X16_ROWS * sb; }  // the group's d: 32 or 16 bytes
+  int64_t qh_in_row() const { return min ? 4 : sb; }  // where a row-major block's qh word (or quants) start
   int64_t d_at(bool odd) const { return flip && !odd ? quants + (qh ? 64 : 0) : 0; }
   int64_t m_at() const { return 32; }  // Q4_1, Q5_1 (never flipped)
-  int64_t qh_at(bool odd) const { return flip ? (odd ? 32 : quants) : min ? 64 : 32; }
+  int64_t qh_at(bool odd) const { return flip ? (odd ? d_bytes() : quants) : min ? 64 : d_bytes(); }
   int64_t quants_at(bool odd) const {
-    if (flip) return odd ? 32 + (qh ? 64 : 0) : 0;
-    return (min ? 64 : 32) + (qh ? 64 : 0);
+    if (flip) return odd ? d_bytes() + (qh ? 64 : 0) : 0;
+    return (min ? 64 : d_bytes()) + (qh ? 64 : 0);
   }
 };
 constexpr bool x16_legacy(int64_t type) {
-  return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == IQ4_NL;
+  return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == IQ4_NL ||
+         type == MXFP4;
 }
 constexpr LegacyX16Layout legacy_x16_layout(int64_t type) {
   const int64_t rb = type == Q4_0 || type == IQ4_NL ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22
-                     : type == Q5_1 ? 24 : 34;
+                     : type == Q5_1 ? 24 : type == MXFP4 ? 17 : 34;
   return {X16_ROWS * rb, type == Q8_0 ? 512 : 256, type == Q4_1 || type == Q5_1, type == Q5_0 || type == Q5_1,
-          X16_ROWS * rb % 64 != 0};
+          X16_ROWS * rb % 64 == 32, type == MXFP4 ? 1 : 2};
 }
 
 constexpr bool x16_low(int64_t type) { return type == Q2_K || type == Q3_K; }  // ggml_x16_low.h
@@ -127,7 +132,7 @@ inline uint32_t x16_qh_bits(uint32_t w, bool forward) {
 inline int64_t x16_offset(int64_t type, int64_t r, int64_t o, bool odd) {
   if (x16_legacy(type)) {
     const LegacyX16Layout L = legacy_x16_layout(type);
-    if (o < 2) return L.d_at(odd) + 2 * r + o;  // d
+    if (o < L.sb) return L.d_at(odd) + L.sb * r + o;  // d
     if (L.min && o < 4) return L.m_at() + 2 * r + (o - 2);
     const int64_t qh0 = L.qh_in_row(), q0 = qh0 + (L.qh ? 4 : 0);
     if (L.qh && o < q0) return L.qh_at(odd) + 4 * r + (o - qh0);
@@ -636,6 +641,7 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
         case Q5_0: legacy_x16s_avx2_one<Q5_0>(g, (g0 + gi) * (x.K / 32), x, yg); break;
         case Q5_1: legacy_x16s_avx2_one<Q5_1>(g, (g0 + gi) * (x.K / 32), x, yg); break;
         case Q8_0: legacy_x16s_avx2_one<Q8_0>(g, (g0 + gi) * (x.K / 32), x, yg); break;
+        case MXFP4: legacy_x16s_avx2_one<MXFP4>(g, (g0 + gi) * (x.K / 32), x, yg); break;
         default: legacy_x16s_avx2_one<IQ4_NL>(g, (g0 + gi) * (x.K / 32), x, yg); break;
       }
       continue;
@@ -657,6 +663,7 @@ inline void x16_rows(int64_t type, const uint8_t* w, int64_t rb, int64_t g0, int
         case Q5_1: legacy(std::integral_constant<int64_t, Q5_1>{}); continue;
         case Q8_0: legacy(std::integral_constant<int64_t, Q8_0>{}); continue;
         case IQ4_NL: legacy(std::integral_constant<int64_t, IQ4_NL>{}); continue;
+        case MXFP4: legacy(std::integral_constant<int64_t, MXFP4>{}); continue;
         default: break;
       }
       if (x16_low(base)) {  // ggml_x16_low.h: tiles of 8 rows where X16_LOW_WIDE, then of 4, then the rest

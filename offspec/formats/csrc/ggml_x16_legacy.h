@@ -1,5 +1,5 @@
-// The legacy types' interleaved products (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; the layout: ggml_x16.h). Included
-// by ggml_x16.h after its vector operations (V16, V8).
+// The legacy types' interleaved products (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; the layout: ggml_x16.h).
+// Included by ggml_x16.h after its vector operations (V16, V8).
 //
 // The row-major kernels (ggml_dot.h tile, ggml_dot512.h tile512 / tile512u) keep per weight row 8 float lanes and
 // two accumulators, one for the even blocks and one for the odd: lane l of block b adds fma(sum of the products of
@@ -35,14 +35,21 @@ constexpr int LEGACY_X16_TILED_FROM = 4;
 // moved onto the activations?
 constexpr bool x16_offset_lanes(int64_t type) {
 #if defined(OFFSPEC_AVX512) && defined(__AVX512VNNI__)
-  return type == Q4_0 || type == Q5_0 || type == Q8_0 || type == IQ4_NL;
+  return type == Q4_0 || type == Q5_0 || type == Q8_0 || type == IQ4_NL || type == MXFP4;
 #else
-  return type == Q4_0 || type == Q5_0;
+  return type == Q4_0 || type == Q5_0 || type == MXFP4;  // MXFP4's u = q + 12 <= 24: maddubs cannot saturate
 #endif
 }
 
+// The d of the V::LANES rows from `row0` of a group block whose d field is at p: halves, or MXFP4's exponents.
+template <class V, int64_t T>
+OFFSPEC_X16_INLINE inline typename V::F legacy_x16_d(const uint8_t* p, int64_t row0) {
+  if constexpr (T == MXFP4) return V::e8m0(p + row0);
+  else return V::halves(p + 2 * row0);
+}
+
 // The 16 (V16) or 8 (V8) rows' weights of lanes k (low) and k + 4 (high) of one block, as the bytes the products
-// take: u = q + offset (x16_offset_lanes: Q4_0 and Q5_0 always), q (Q4_1, Q5_1: unsigned already), or signed q
+// take: u = q + offset (x16_offset_lanes: Q4_0, Q5_0, MXFP4 always), q (Q4_1, Q5_1: unsigned already), or signed q
 // (Q8_0, IQ4_NL without VNNI).
 template <class V, int64_t T>
 OFFSPEC_X16_INLINE inline void legacy_x16_chunk(const uint8_t* quants, const typename V::I& qh, int k,
@@ -80,8 +87,9 @@ OFFSPEC_X16_INLINE inline void legacy_x16_chunk(const uint8_t* quants, const typ
       lo = V::orv(lo, V::andv(blo, m10));
       hi = V::orv(hi, V::andv(bhi, m10));
     }
-    if constexpr (T == IQ4_NL) {  // the table's values, + 128 where they run unsigned
-      const I table = V::table16(KVALUES_IQ4NL, x16_offset_lanes(T) ? (char)0x80 : 0);
+    if constexpr (T == IQ4_NL || T == MXFP4) {  // the table's values, + 128 (MXFP4: + 12) where they run unsigned
+      const I table = T == MXFP4 ? V::table16(KVALUES_MXFP4_U, 0)
+                                 : V::table16(KVALUES_IQ4NL, x16_offset_lanes(T) ? (char)0x80 : 0);
       lo = V::shuffle(table, lo);
       hi = V::shuffle(table, hi);
     }
@@ -120,7 +128,7 @@ void legacy_x16_lanes(const uint8_t* g, int64_t first, int64_t half, const XSet&
     constexpr LegacyX16Layout L = legacy_x16_layout(T);  // not the enclosing one: gcc 12 cannot capture it
     const bool odd = (first + xb) % 2;  // the layout of this block (ggml_x16.h)
     const uint8_t* b = g + xb * L.group_bytes;
-    const F d = V::halves(b + L.d_at(odd) + 2 * half * V::LANES);
+    const F d = legacy_x16_d<V, T>(b + L.d_at(odd), half * V::LANES);
     F scale[R];
     for (int r = 0; r < R; r++) scale[r] = V::fmul(d, V::fset(x.dval(m0 + r, xb)));
     const I qh = QH ? V::load(b + L.qh_at(odd) + half * 4 * V::LANES) : V::zero();
@@ -250,7 +258,7 @@ void legacy_x16s_tile(const uint8_t* g, int64_t first, int64_t half, const XSet&
         V::in_register(is[r]);
       }
     }
-    const F d = V::halves(b + L.d_at(odd) + 2 * half * V::LANES);
+    const F d = legacy_x16_d<V, T>(b + L.d_at(odd), half * V::LANES);
     for (int r = 0; r < R; r++) acc[r] = V::fmadd(V::cvt(is[r]), V::fmul(d, V::fset(x.dval(m0 + r, xb))), acc[r]);
     if constexpr (MIN) {
       const F m = V::halves(b + L.m_at() + 2 * half * V::LANES);
@@ -297,7 +305,7 @@ __attribute__((noinline)) void legacy_x16s_avx2_one(const uint8_t* g, int64_t fi
     }
     const F dx = V::fset(x.dval(0, xb));
     for (int e = 0; e < 2; e++) {
-      acc[e] = V::fmadd(V::cvt(is[e]), V::fmul(V::halves(b + L.d_at(odd) + 16 * e), dx), acc[e]);
+      acc[e] = V::fmadd(V::cvt(is[e]), V::fmul(legacy_x16_d<V, T>(b + L.d_at(odd), 8 * e), dx), acc[e]);
       if constexpr (MIN)
         offs[e] = V::fmadd(V::fmul(V::halves(b + L.m_at() + 16 * e), dx), V::fset((float)x.sval(0, xb)), offs[e]);
     }

@@ -48,6 +48,14 @@ struct V16 {
     return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
   }
   static F halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  // 16 E8M0 exponents (MXFP4's) -> 2^(e - 128), bits as ggml_decode_mxfp4.h's e8m0_half builds them
+  static F e8m0(const uint8_t* p) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i one = _mm512_set1_epi32(1);
+    const __mmask16 low = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));  // subnormal: 0x00200000 << e
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(low, _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23),
+                                                       _mm512_slli_epi32(_mm512_add_epi32(e, one), 21)));
+  }
   static F fzero() { return _mm512_setzero_ps(); }
   static F fset(float v) { return _mm512_set1_ps(v); }
   static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
@@ -106,6 +114,13 @@ struct V8 {
   static I s8x32(__m128i b) { return _mm256_cvtepi8_epi32(b); }
   static I pairs(__m128i a, __m128i b) { return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)); }
   static F halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F e8m0(const uint8_t* p) {  // 8 exponents, as V16::e8m0
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i low = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_slli_epi32(_mm256_sub_epi32(e, one), 23),
+                                                  _mm256_slli_epi32(_mm256_add_epi32(e, one), 21), low));
+  }
   static F fzero() { return _mm256_setzero_ps(); }
   static F fset(float v) { return _mm256_set1_ps(v); }
   static F cvt(I a) { return _mm256_cvtepi32_ps(a); }

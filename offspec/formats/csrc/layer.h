@@ -1,8 +1,10 @@
 // One decoder layer in one call, for the families whose layers are a pre-norm attention block and a gated MLP:
-// llama (Llama, Mistral, SmolLM2), qwen2, qwen3, gemma2, gemma3 and phi3. In order: RMSNorm, the q/k/v projections
-// (fused into one where the model has them fused, phi3; with their biases where it has them, qwen2), per-head q/k
+// llama (Llama, Mistral, SmolLM2), qwen2, qwen3, gemma2, gemma3 and phi3, and the attention block of a mixture of
+// experts (qwen3moe, qwen2moe, Mixtral, gpt-oss). In order: RMSNorm, the q/k/v projections
+// (fused into one where the model has them fused, phi3; with their biases where it has them, qwen2, gpt-oss), per-head q/k
 // RMSNorms (qwen3, gemma3), the rotary embedding (of the first `cos.size(1)` dims of each head: phi3's partial
-// rotary), the cache write, exact attention (attention.h; with logit soft-capping, gemma2), the output projection,
+// rotary), the cache write, exact attention (attention.h; with logit soft-capping, gemma2; with attention sinks,
+// gpt-oss), the output projection (with its bias, gpt-oss),
 // a post-attention RMSNorm (gemma's sandwich), the residual add, RMSNorm, the gated MLP (SiLU or tanh-GELU; gate and
 // up fused where the model has them fused), a post-MLP RMSNorm (gemma), the residual add. Gemma's norms scale by
 // (1 + w) rather than w: `norm_offset` is 1 there, 0 elsewhere. It computes what transformers' layer computes (a
@@ -99,24 +101,29 @@ inline std::vector<torch::Tensor> project_many(const torch::Tensor& x,
 
 }  // namespace layer
 
-enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
+enum Activation : int64_t { SILU = 0, GELU_TANH = 1, SWIGLU_OAI = 2 };  // SWIGLU_OAI: gpt-oss's experts only
 
 // h (M, E) float32 hidden states in; returns h after the layer.
 // weights (7): q, k, v, o, gate, up, down as ggml block rows (their types in `types`); where the model fuses them,
 //   q holds q|k|v stacked (k and v None) and gate holds gate|up stacked (up None); gate, up and down all None: the
 //   attention block alone, h after its residual add (a mixture of experts, whose sparse block runs apart);
-// biases (3): q, k, v (or None); norms (6): input, post-attention (or None), pre-MLP, post-MLP (or None), q and k
+// biases (4): q, k, v, o (or None); norms (6): input, post-attention (or None), pre-MLP, post-MLP (or None), q and k
 //   per-head norms (or None); cos, sin (M, R) with R <= D; k_cache, v_cache (1, Hkv, capacity, D) buffers whose
 //   slots `slots` (M,) the new keys and values are written to; attention over slots [0, kv_len) as `visible`
-//   (M, kv_len) bool allows, its logits soft-capped at `softcap` (0: not).
+//   (M, kv_len) bool allows, its logits soft-capped at `softcap` (0: not); sinks (H,) float32 or None: gpt-oss's
+//   attention sinks.
 inline torch::Tensor decoder_layer(torch::Tensor h, std::vector<std::optional<torch::Tensor>> weights,
                                    std::vector<int64_t> types, std::vector<std::optional<torch::Tensor>> biases,
                                    std::vector<std::optional<torch::Tensor>> norms, double eps, double norm_offset,
                                    torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache, torch::Tensor v_cache,
                                    torch::Tensor slots, int64_t kv_len, torch::Tensor visible, int64_t H, int64_t Hkv,
-                                   int64_t D, double scale, double softcap, int64_t activation) {
-  TORCH_CHECK(weights.size() == 7 && types.size() == 7 && biases.size() == 3 && norms.size() == 6,
-              "offspec: a layer takes 7 weights, 3 biases and 6 norms");
+                                   int64_t D, double scale, double softcap, int64_t activation,
+                                   std::optional<torch::Tensor> sinks) {
+  TORCH_CHECK(weights.size() == 7 && types.size() == 7 && biases.size() == 4 && norms.size() == 6,
+              "offspec: a layer takes 7 weights, 4 biases and 6 norms");
+  TORCH_CHECK(!sinks.has_value() || (sinks->numel() == H && sinks->is_contiguous() &&
+                                     sinks->scalar_type() == torch::kFloat32),
+              "offspec: attention sinks must be (H,) float32");
   TORCH_CHECK(norms[0].has_value() && norms[2].has_value(), "offspec: a layer needs its two pre-norms");
   TORCH_CHECK(activation == SILU || activation == GELU_TANH, "offspec: unknown activation ", activation);
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat32 && h.is_contiguous(), "offspec: h must be (M, E)");
@@ -171,8 +178,9 @@ inline torch::Tensor decoder_layer(torch::Tensor h, std::vector<std::optional<to
   torch::Tensor qh = q.view({M, H, D}).transpose(0, 1).contiguous();  // (H, M, D) as attend takes queries
   auto att = torch::empty({M, H * D}, h.options());                    // (M, H, D) as attend writes them
   attend(qh.data_ptr<float>(), kc, vc, visible.data_ptr<bool>(), att.data_ptr<float>(), H, Hkv, M, kv_len, D,
-         cap * D, (float)scale, (float)softcap);
+         cap * D, (float)scale, (float)softcap, sinks.has_value() ? sinks->data_ptr<float>() : nullptr);
   torch::Tensor a = layer::project(att, weights[3], types[3]);  // (M, E)
+  layer::add_bias(a, biases[3]);
   if (norms[1].has_value()) a = layer::rms_norm(a, *norms[1], fe, off);
   torch::Tensor out = h + a;  // (M, E)
   if (!weights[4].has_value() && !weights[6].has_value()) return out;  // no MLP: a mixture's experts run apart

@@ -51,7 +51,7 @@ class LayerStack {
       TORCH_CHECK(L.window >= 0 && L.window < (int64_t)visibles.size(), "offspec: a layer's mask is missing");
       h = decoder_layer(h, L.weights, L.types, L.biases, L.norms, L.eps, L.norm_offset, cos, sin, k_caches[i],
                         v_caches[i], slots, kv_len, visibles[L.window], L.H, L.Hkv, L.D, L.scale, L.softcap,
-                        L.activation);
+                        L.activation, std::nullopt);
     }
     return h;
   }

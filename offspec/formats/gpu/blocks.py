@@ -11,7 +11,10 @@ Integers become floats through the exponent trick (2**23 + q read as a float32, 
 0 <= q < 2**23): an OR and an add at full rate, where a conversion instruction runs at a sixteenth of it.
 
 IQ4_NL and IQ4_XS (the usual 70B files) are decoded from the gguf package's reference arithmetic (a value is d times
-a 16-entry table's entry, exact too); the table is read out of four 32-bit words, (entry + 128) a byte each.
+a 16-entry table's entry, exact too); the table is read out of four 32-bit words, (entry + 128) a byte each. MXFP4
+(gpt-oss's experts) is IQ4_NL's kind: its own table (twice the FP4 numbers, at most 12: 4 bits) the same way, and for
+d an E8M0 exponent, 2**(e - 128) built from its float bits as gguf builds it (e < 2: a subnormal); a power of 2 times
+the entry is exact wherever it is finite.
 
 The lattice types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: a 70B in IQ2 is what a 24 GB card runs)
 index gguf's grids, rows of 8 or 4 small values, 256 to 2,048 rows: 1 to 16 KB as int8. They reach the kernel as a
@@ -55,7 +58,7 @@ UNITS = {
     "Q6_K": Unit(256, 210, 8), "IQ4_NL": Unit(32, 18, 1), "IQ4_XS": Unit(256, 136, 8),
     "IQ1_S": Unit(256, 50, 8), "IQ1_M": Unit(256, 56, 8), "IQ2_XXS": Unit(256, 66, 8), "IQ2_XS": Unit(256, 74, 8),
     "IQ2_S": Unit(256, 82, 8), "IQ3_XXS": Unit(256, 98, 8), "IQ3_S": Unit(256, 110, 8), "TQ1_0": Unit(256, 54, 8),
-    "TQ2_0": Unit(256, 66, 8),
+    "TQ2_0": Unit(256, 66, 8), "MXFP4": Unit(32, 17, 1),
 }
 # the lattice types: their grid's values per row (gguf's tables, reaching the kernels as a small device tensor)
 GRID_WIDTH = {"IQ1_S": 8, "IQ1_M": 8, "IQ2_XXS": 8, "IQ2_XS": 8, "IQ2_S": 8, "IQ3_XXS": 4, "IQ3_S": 4}
@@ -126,6 +129,23 @@ if triton is not None:
         hi = tl.where(qq < 12, tl.full([1, 1], 0xA6998D81, tl.int64), tl.full([1, 1], 0xF1D9C5B5, tl.int64))
         word = tl.where(qq < 8, lo, hi)
         return _num((word >> ((qq & 3) * 8)) & 255) - 128.0
+
+    @triton.jit
+    def _mxfp4(q):
+        """MXFP4's table (gguf: MXFP4.kvalues, 0 .. 12 and -0 .. -12 as int8) at q (0 .. 15) as float32, as _iq4
+        reads IQ4_NL's: entry 8 is an integer 0, so +0.0 (a sign bit would make it -0.0, and d * -0.0 not gguf's)."""
+        qq = q.to(tl.int64)
+        lo = tl.where(qq < 4, tl.full([1, 1], 0x83828180, tl.int64), tl.full([1, 1], 0x8C888684, tl.int64))
+        hi = tl.where(qq < 12, tl.full([1, 1], 0x7D7E7F80, tl.int64), tl.full([1, 1], 0x74787A7C, tl.int64))
+        word = tl.where(qq < 8, lo, hi)
+        return _num((word >> ((qq & 3) * 8)) & 255) - 128.0
+
+    @triton.jit
+    def _e8m0_half(e):
+        """MXFP4's E8M0 exponents e (BN,) uint8 -> 2**(e - 128) as float32 (BN,), gguf's bits: e < 2 the subnormal
+        0x00200000 << e, else the exponent field e - 1 (e = 255: 2**127)."""
+        e32 = e.to(tl.int32)
+        return tl.where(e32 < 2, (e32 + 1) << 21, (e32 - 1) << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _u16(blk, offset, nmask):
@@ -247,6 +267,9 @@ if triton is not None:
         elif TYPE == "IQ4_NL":  # d, 16 bytes: low nibbles are values 0-15, high 16-31; d * table[q]
             q = (_bytes(blk, 2, c32 % 16, nmask) >> (4 * (c32 // 16)).to(tl.uint8)[None, :]) & 15
             w = _f16(blk, nmask)[:, None] * _iq4(q)
+        elif TYPE == "MXFP4":  # an exponent e, 16 bytes: low nibbles are values 0-15, high 16-31; 2**(e-128) * table[q]
+            q = (_bytes(blk, 1, c32 % 16, nmask) >> (4 * (c32 // 16)).to(tl.uint8)[None, :]) & 15
+            w = _e8m0_half(_byte(blk, 0, nmask))[:, None] * _mxfp4(q)
         elif TYPE == "IQ4_XS":  # d, 16 high scale bits, 4 bytes of low scale nibbles, 8 x 16 bytes of nibbles
             low = (_byte(blk, 4 + c // 2, nmask) >> (4 * (c % 2))) & 15
             high = ((_byte(blk, 2 + c // 4, nmask) >> (2 * (c % 4))) & 3)  # scales_h (uint16): bits 2c, 2c + 1
