@@ -5,6 +5,8 @@ Files, one concept each:
 - timing.py     timing sweeps: target pass vs tokens, draft step vs nodes (early stop when compute-bound)
 - measure.py    the pair: timings and the acceptance curve on the shipped calibration prompts
 - curves.py     cost and acceptance curves (interpolation, extrapolation rules)
+- routing.py    a mixture's routing in the calibration passes: distinct experts per tree budget
+- coverage.py   the coverage curve, and the expert reads a pass pays where experts are read as routed
 - planner.py    the tree shape maximizing expected tokens/s
 - schema.py     the versioned JSON format as pydantic models, and validate() (profiles/schema.json: their JSON Schema)
 - store.py      fingerprints, atomic save, validated load, lookup in the config dir, reference profiles

@@ -18,6 +18,10 @@ the median ratio of a window moves by more than `time_tolerance` (another proces
 thread count, a slower disk), the policy re-plans with the draft's and the target's costs scaled by those
 ratios. Passes without a tree time the target alone; the draft's scale then follows the target's.
 
+Experts: on a mixture read as routed (`PairCosts.expert_reads`), the passes' `experts_routed` and `expert_hits`
+re-price the reads a pass pays (`coverage.ExpertWindow`: the distinct experts a tree routed to against the
+coverage curve, and the cache's miss rate) and re-plan when either moved by more than `tolerance`.
+
 Measured, not predicted: a `SpeedGuard` (offspec/profile/guard.py) times the planned tree against the target
 alone under the current conditions and turns trees off while the target alone is measurably faster. Where the
 policy gates suffix candidates (`gate_suffix`), the passes without the planned tree are gated suffix passes
@@ -47,6 +51,7 @@ from typing import Optional
 from offspec.config import PassCost, TreeConfig
 from offspec.types import PassStats
 
+from .coverage import ExpertWindow
 from .curves import AcceptanceCurve
 from .drift import WindowPass, expected_accepted, per_token_keep, ratio_scale
 from .guard import GuardConfig, SpeedGuard
@@ -76,7 +81,7 @@ class Replan:
     scale: float  # new acceptance scale (observed / profile)
     observed: float  # mean accepted per pass in the window
     predicted: float  # what the profile predicted for the same passes (scale 1)
-    reason: str = "acceptance"  # or "timing"
+    reason: str = "acceptance"  # or "timing", "experts"
     keep: float = 1.0  # the per-token drift planned with (AcceptanceCurve.thinned; 1 where the scale is >= 1)
     draft_time_scale: float = 1.0  # observed / predicted draft seconds in force after this re-plan
     target_time_scale: float = 1.0
@@ -120,6 +125,8 @@ class AdaptiveBudget:
         self.timed_passes = 0  # passes with times (tree or not)
         self._last_timing_replan = 0
         self.guard = SpeedGuard(guard) if guard is not None else None  # None: trust the plan alone (tests)
+        self.experts = (ExpertWindow(costs.expert_reads, config.window, config.min_passes, config.tolerance)
+                        if costs.expert_reads is not None else None)  # a mixture read as routed: re-priced online
         self.extra = extra  # a dict (the generator's info.extra) where `summary()` is kept up to date, under `key`
         self.key = key
         self._publish()
@@ -170,11 +177,14 @@ class AdaptiveBudget:
 
     def pass_cost(self, nodes: int) -> PassCost:
         """The target pass's cost model under the current timing scale, for up to `nodes` tree nodes: the measured
-        pass times at the sizes measured (a pass of k tokens verifies k - 1 nodes), up to `nodes`."""
+        pass times at the sizes measured (a pass of k tokens verifies k - 1 nodes), up to `nodes`; on a mixture read
+        as routed, with the expert reads each size pays."""
         costs = self.costs.scaled(target=self.target_time_scale)
-        base = costs.target_pass(1)
+        reads = costs.expert_seconds  # 0 where none are priced
+        base = costs.target_pass(1) + reads(1)
         sizes = [k - 1 for k, _ in costs.target_pass.points if 1 < k <= nodes] + [nodes]
-        measured = tuple((n, max(0.0, costs.target_pass(1 + n) - base)) for n in [0, *sorted(set(sizes))])
+        measured = tuple((n, max(0.0, costs.target_pass(1 + n) + reads(1 + n) - base))
+                         for n in [0, *sorted(set(sizes))])
         return PassCost(base=base, per_node=measured[-1][1] / nodes, head=costs.target_head, measured=measured,
                         head_rows=costs.head_rows)
 
@@ -228,6 +238,9 @@ class AdaptiveBudget:
 
     def observe(self, stats: PassStats) -> None:
         """One pass's statistics: a tree pass (tree_size > 0) or a pass of the target alone."""
+        if self.experts is not None and self.experts.observe(stats.tree_size, stats.experts_routed, stats.expert_hits):
+            self.costs = replace(self.costs, expert_reads=self.experts.reads)  # the pricing in force
+            self._replan("experts")
         if stats.drafter in ("model", "hybrid") and stats.caught_up > 0:  # the draft model ran
             if stats.drafter == "hybrid":  # a conversation's prompt is no debt of the passes: only their tokens
                 self.catch_ups.append(min(stats.caught_up, 2 + self._unseen))
@@ -273,7 +286,8 @@ class AdaptiveBudget:
                 # the draft's cache lagged (a prompt, or passes that ran no model): its first forward took more
                 # tokens than the 2 the model counts, which says nothing about the draft's speed
                 draft += costs.draft_step(stats.caught_up) - costs.draft_step(2)
-            target = costs.target_pass(stats.tree_size + 1) + costs.head_seconds(1 + stats.accepted)
+            target = (costs.target_pass(stats.tree_size + 1) + costs.head_seconds(1 + stats.accepted)
+                      + costs.expert_seconds(stats.tree_size + 1))
             beyond = costs.draft_step is not None and stats.caught_up > costs.draft_step.largest  # a prompt's catch-up:
             # extrapolated past the sizes timed (a 150-token forward of the default draft took 1.55x the straight
             # line through its 8- and 64-node steps), it would be taken for a slower draft
@@ -299,8 +313,8 @@ class AdaptiveBudget:
         if stats.target_seconds <= 0:  # not measured (scripted passes)
             return
         costs = self.costs
-        self._time_target(stats.target_seconds,
-                          costs.target_pass(stats.tree_size + 1) + costs.head_seconds(1 + stats.accepted))
+        self._time_target(stats.target_seconds, costs.target_pass(stats.tree_size + 1)
+                          + costs.head_seconds(1 + stats.accepted) + costs.expert_seconds(stats.tree_size + 1))
 
     def _time_target(self, observed: float, predicted: float) -> None:
         """One timed pass: the target's observed / predicted seconds join the window, which may re-time."""
@@ -401,7 +415,8 @@ class AdaptiveBudget:
                 "gated_suffix": self.gated or (self.gate_suffix and self.guard is not None and not self.guard.trees_on),
                 "gated": {"passes": self.gated_passes, "with_tree": self.gated_trees, "accepted": self.gated_accepted},
                 "guard": self.guard.summary() if self.guard is not None else None,
-                "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]]}
+                "passes_observed": self.passes, "replans": [e.as_dict() for e in self.replans[-10:]],
+                **({"experts": self.experts.summary()} if self.experts is not None else {})}
 
     def _publish(self) -> None:
         if self.extra is not None:

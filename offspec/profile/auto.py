@@ -214,6 +214,8 @@ def apply_auto_budget(generator, load_cfg: LoadConfig, progress: Optional[Progre
         # the user's growth while loading (--grow-nodes) stays; the plan sets the budget and the tree's shape
         policies[mode].base_tree = replace(policies[mode].base_tree, grow_nodes=generator.tree.grow_nodes)
     policy = policies[default]
+    if policy.plan.no_tree_reason:  # a mixture read as routed whose trees touch too many experts: say so
+        basis += f"; no tree: {policy.plan.no_tree_reason}"
     generator.tree = policy.base_tree  # a caller that assigns another tree (e.g. bench) gets exactly that tree
     generator.policy, generator.policies = policy, policies
     generator.info = replace(generator.info, default_budget=policy.plan.best.budget)  # `extra` stays the same dict

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
+from offspec.formats.experts import expert_use
 from offspec.offload.estimates import FLOP_EFFICIENCY, matmul_params
 from offspec.config import LoadConfig
 from offspec.progress import ProgressFn, no_progress
@@ -13,6 +15,7 @@ from offspec.version import __version__
 from .auto import pair_key
 from .hardware import measure_hardware
 from .measure import FULL, QUICK, MeasureConfig, calibration_prompts, measure_pair
+from .coverage import coverage_of
 from .planner import Plan, PlannerConfig, plan
 from .store import acceptance_of, costs_of, fingerprint
 
@@ -39,6 +42,11 @@ def build_profile(generator, load_cfg: LoadConfig, *, quick: bool = False, promp
         measured["timings"]["target_flop_seconds"] = 2 * matmul_params(engine.target.model.config) / usable
         if engine.drafter.runner is not None:
             measured["timings"]["draft_flop_seconds"] = 2 * matmul_params(engine.drafter.runner.model.config) / usable
+    experts = measured.get("experts")
+    if experts and experts["read_as_routed"] and experts["read_seconds"] is None:  # no calibration pass missed:
+        use, disk = expert_use(engine.target.model), hardware.get("disk_read_bytes_per_s")  # a miss at the disk's rate
+        if use and disk:
+            experts["read_seconds"] = round(use["expert_bytes"] / float(disk), 7)
     key = pair_key(generator, load_cfg)
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "target_params": model_params(engine.target.model),
@@ -56,5 +64,7 @@ def build_profile(generator, load_cfg: LoadConfig, *, quick: bool = False, promp
     drafter = generator.tree.drafter  # the plan is for the drafter the pair loads with (auto plans each one)
     chosen = plan(costs_of(data), acceptance_of(data, drafter=drafter),
                   PlannerConfig(branch=generator.tree.branch, max_budget=engine.max_budget, drafter=drafter))
+    if experts and chosen.coverage is None:  # a resident mixture: its curve is reported, not priced
+        chosen = replace(chosen, coverage=coverage_of(experts))
     data["plan"] = chosen.summary()
     return data, chosen

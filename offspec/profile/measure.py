@@ -13,6 +13,9 @@ and the hybrid's (`acceptance_hybrid`: an approximation, since the model's early
 on the budget). Every calibration prompt starts a fresh session (`engine.forget()`), so no drafter sees
 an earlier output of the same prompt. Suffix passes also give the suffix proposal time, hybrid passes the
 share of passes in which the draft model ran.
+
+The first drafter's passes also record, on a mixture of experts, which experts each token of the verify pass was
+routed to (offspec/profile/routing.py): the `experts` section, the coverage curve (offspec/profile/coverage.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from offspec.util.prompts import read_prompts
 
 from .curves import CostCurve
 from .planner import BUDGETS
+from .routing import RoutingRecorder, distinct_at, experts_section
 from .store import ACCEPTANCE_SECTIONS
 from .timing import PassTimer, SweepConfig, propose_after_a_pass, sweep, timed
 
@@ -164,11 +168,55 @@ class AcceptanceRun:
     section: dict  # the profile's acceptance section for this drafter
     expand_ratio: float  # draft nodes expanded per tree node (model drafter)
     draft_seconds: float  # mean seconds to propose a tree
+    experts: Optional[dict] = None  # a mixture's `experts` section, where its routing was recorded
+
+
+class _Routing:
+    """The routing of each calibration pass's verify forward, as coverage rows (offspec/profile/routing.py)."""
+
+    def __init__(self, engine, budgets: list[int]):
+        self.engine, self.budgets = engine, [0, *budgets]
+        self.recorder = RoutingRecorder(engine.target.model)
+        self.rows: list[list[float]] = []
+        self.routed = self.hits = 0
+        self.wait = 0.0
+        self.top_k = 0
+
+    def install(self) -> None:
+        """Record inside every `score_tree` of the engine until `remove()`."""
+        original = self.engine.score_tree
+
+        def score_tree(tree):
+            with self.recorder.recording():
+                return original(tree)
+
+        self.engine.score_tree = score_tree  # an instance attribute over the class's method
+
+    def remove(self) -> None:
+        del self.engine.score_tree
+
+    def observe(self, ranks: list[int], stats) -> None:
+        ids = self.recorder.routing(stats.tree_size + 1)  # (layers, n, k)
+        if ids is None:
+            return
+        self.top_k = int(ids.shape[-1])
+        self.rows.append(distinct_at(ids, ranks, self.budgets, self.recorder.experts_per_layer))
+        self.routed, self.hits = self.routed + stats.experts_routed, self.hits + stats.expert_hits
+        self.wait += stats.io_wait_seconds
+
+    def section(self) -> Optional[dict]:
+        if not self.rows:
+            return None
+        r = self.recorder
+        return experts_section(self.budgets, self.rows, self.top_k, r.experts_per_layer, len(r.blocks),
+                               r.layers_read_as_routed > 0, self.routed, self.hits, self.wait)
 
 
 def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passes: int,
-                       progress: ProgressFn = no_progress, drafter: str = "model") -> AcceptanceRun:
-    """Greedy speculative passes at max(budgets) with `drafter` on each prompt, each in a fresh session."""
+                       progress: ProgressFn = no_progress, drafter: str = "model",
+                       routing: bool = False) -> AcceptanceRun:
+    """Greedy speculative passes at max(budgets) with `drafter` on each prompt, each in a fresh session;
+    `routing`: on a mixture of experts, record the experts each verify pass routes to (`AcceptanceRun.experts`)."""
     engine = generator.engine
     big = max(budgets)
     # confident_budget 0: every pass proposes at most `big` nodes, so the top-B argument holds (the larger trees of
@@ -179,7 +227,10 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
     chooser = TokenChooser(SamplingConfig(), engine.target.device)
     samples, depth_rows, ratios, seconds, model_ran = [], [], [], [], []
     total = len(prompts) * passes
+    routes = _Routing(engine, budgets) if routing and RoutingRecorder(engine.target.model).blocks else None
     engine.drafter = recorder
+    if routes is not None:
+        routes.install()
     try:
         for i, record in enumerate(prompts):
             ids = generator.encode(record["prompt"])
@@ -199,11 +250,15 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
                 depth_rows.append(deepest)
                 ratios.append(expanded / max(1, stats.tree_size))
                 seconds.append(stats.draft_seconds)
+                if routes is not None:
+                    routes.observe(ranks, stats)
                 model_ran.append(stats.drafter in ("model", "hybrid"))
                 if any(t in generator.eos_ids for t in new):
                     break
     finally:
         engine.drafter = recorder.inner
+        if routes is not None:
+            routes.remove()
         engine.forget()
     progress(ProgressEvent("acceptance", "acceptance", total, total, finished=True))
     if not samples:
@@ -217,7 +272,8 @@ def measure_acceptance(generator, budgets: list[int], prompts: list[dict], passe
                "pair": f"{generator.info.target} / {generator.info.draft}", "drafter": drafter}
     if drafter == "hybrid":
         section["model_share"] = round(sum(model_ran) / n, 4)
-    return AcceptanceRun(section, statistics.mean(ratios), statistics.mean(seconds))
+    return AcceptanceRun(section, statistics.mean(ratios), statistics.mean(seconds),
+                         routes.section() if routes is not None else None)
 
 
 def measure_propose(generator, budgets: list[int], prompts: list[dict], progress: ProgressFn = no_progress,
@@ -292,8 +348,9 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
                 propose = measure_propose(generator, budgets, prompts[: config.propose_contexts], progress,
                                           worth=lambda b, s: s + curve(b + 1) <= limit or b <= config.smallest_budget)
                 budgets = [b for b, _ in propose]
-        runs = {mode: measure_acceptance(generator, budgets, prompts, config.passes, progress, drafter=mode)
-                for mode in engine.drafter.modes}
+        first = engine.drafter.modes[0]  # its passes also record a mixture's routing
+        runs = {mode: measure_acceptance(generator, budgets, prompts, config.passes, progress, drafter=mode,
+                                         routing=mode == first) for mode in engine.drafter.modes}
     finally:
         engine.forget()  # forget the calibration conversation
     timings = {"context_tokens": len(context), "target_pass": [[n, round(s, 7)] for n, s in target_points],
@@ -303,7 +360,8 @@ def measure_pair(generator, config: MeasureConfig = FULL, prompts: Optional[list
     if draft is not None:
         timings.update(draft_step=[[n, round(s, 7)] for n, s in draft_points], draft_propose=propose,
                        expand_ratio=round(runs["model"].expand_ratio, 4))
-    return {"timings": timings, **{ACCEPTANCE_SECTIONS[mode]: run.section for mode, run in runs.items()}}
+    experts = {"experts": runs[first].experts} if runs[first].experts else {}
+    return {"timings": timings, **{ACCEPTANCE_SECTIONS[mode]: run.section for mode, run in runs.items()}, **experts}
 
 
 def _capped(sweep_cfg: SweepConfig, room: int) -> SweepConfig:

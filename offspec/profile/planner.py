@@ -13,6 +13,12 @@
   (`expand_ratio` * B nodes, measured) and each step goes at most one level deeper, so
   steps = max(depth(B, d), ceil(expand_ratio * B / w)). Where whole-tree draft times were measured (at
   the automatic beams), the model is scaled to them, budget by budget.
+
+A mixture whose experts are read as routed (`PairCosts.expert_reads`, offspec/profile/coverage.py) pays its
+misses on top: target(B) adds `ExpertReads.seconds(B + 1)`, which grows with the distinct experts the tree's
+tokens route to, and the target alone pays `seconds(1)`. Where that is what leaves no tree paying (the best tree
+would beat the target alone without its reads), the plan says so (`Plan.no_tree_reason`). Without it (a dense
+model, a resident mixture) the plan is what it was.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Optional
 from offspec.config import DRAFTERS, TreeConfig, head_calls
 from offspec.errors import OffspecError
 
+from .coverage import CoverageCurve, ExpertReads, no_tree_note
 from .curves import AcceptanceCurve, CostCurve
 from .drift import expected_accepted
 
@@ -63,13 +70,20 @@ class PairCosts:
     # gives a row the same bits whatever the batch (offspec's CPU kernels: 4, one read of the head's weights for
     # 1.0-1.25x the seconds of one row); 1 elsewhere (a head call per position)
     head_rows: int = 1
+    expert_reads: Optional[ExpertReads] = None  # a mixture read as routed: what its misses add to a pass
+
+    def expert_seconds(self, tokens: int) -> float:
+        """Seconds a target pass of `tokens` tokens waits on expert reads (0 where none are priced)."""
+        return self.expert_reads.seconds(tokens) if self.expert_reads is not None else 0.0
 
     def head_seconds(self, positions: float) -> float:
         """The LM head's seconds over a walk of `positions` positions (the accepted path and the bonus)."""
         return self.target_head * head_calls(positions, self.head_rows)
 
     def autoregressive_seconds(self) -> float:
-        return self.target_pass_seconds(1) + self.target_head
+        if self.expert_reads is None:
+            return self.target_pass_seconds(1) + self.target_head
+        return self.target_pass_seconds(1) + self.target_head + self.expert_seconds(1)
 
     def target_pass_seconds(self, tokens: int) -> float:
         """One target pass of `tokens` tokens: the measured curve; past its largest size, never under the FLOP term."""
@@ -86,7 +100,8 @@ class PairCosts:
                        draft_step=self.draft_step.scaled(draft) if self.draft_step else None,
                        draft_propose=self.draft_propose.scaled(draft) if self.draft_propose else None,
                        suffix_seconds=self.suffix_seconds * draft, target_flop_seconds=self.target_flop_seconds * target,
-                       draft_flop_seconds=self.draft_flop_seconds * draft)
+                       draft_flop_seconds=self.draft_flop_seconds * draft,
+                       expert_reads=self.expert_reads.scaled(target) if self.expert_reads is not None else None)
 
 
 def _floored(curve: CostCurve, n: int, per_unit: float) -> float:
@@ -133,6 +148,9 @@ class Plan:
     branch: int = TreeConfig.branch
     acceptance_scale: float = 1.0  # 1 = the curve as measured; online adaptation re-plans with other scales
     notes: tuple[str, ...] = field(default=())
+    expert_reads: Optional[ExpertReads] = None  # the expert reads priced (a mixture read as routed)
+    no_tree_reason: str = ""  # where no tree pays because of the experts it touches: why (no_tree_note)
+    coverage: Optional[CoverageCurve] = None  # a mixture's coverage curve, priced or not (reported)
 
     @property
     def speedup(self) -> float:
@@ -153,11 +171,12 @@ class Plan:
         return min(self.curve, key=lambda p: abs(math.log(p.budget) - math.log(max(budget, 1))))
 
     def summary(self) -> dict:
+        reason = {"no_tree_reason": self.no_tree_reason} if self.no_tree_reason else {}
         return {**self.best.as_dict(), "branch": self.branch,
                 "predicted_tokens_per_second": round(self.best.tokens_per_second, 4),
                 "autoregressive_tokens_per_second": round(self.autoregressive_tokens_per_second, 4),
                 "predicted_speedup": round(self.speedup, 4), "acceptance_scale": round(self.acceptance_scale, 4),
-                "speculate": self.speculates}
+                "speculate": self.speculates, **reason}
 
 
 def auto_beams(budget: int) -> int:
@@ -195,6 +214,8 @@ def evaluate(costs: PairCosts, acceptance: AcceptanceCurve, budget: int, beams: 
              acceptance_scale: float = 1.0, drafter: str = "model") -> PlanPoint:
     accepted = expected_accepted(acceptance, budget, depth, acceptance_scale)
     target = costs.target_pass_seconds(budget + 1) + costs.head_seconds(1.0 + accepted)
+    if costs.expert_reads is not None:
+        target += costs.expert_seconds(budget + 1)
     return PlanPoint(budget=budget, max_beams=beams, max_depth=depth, accepted=accepted,
                      draft_seconds=draft_seconds(costs, acceptance, budget, beams, depth, drafter),
                      target_seconds=target, drafter=drafter)
@@ -234,10 +255,28 @@ def plan(costs: PairCosts, acceptance: AcceptanceCurve, config: PlannerConfig = 
         notes.append(f"the best budget is at the edge of the measured acceptance curve ({acceptance.largest}); "
                      f"a profile with bigger trees may find a better one")
     ar = 1.0 / costs.autoregressive_seconds()
-    if best.tokens_per_second <= ar:
+    reason = _experts_reason(costs, best) if best.tokens_per_second <= ar else ""
+    if reason:
+        notes.append(f"no tree beats the target alone on this set-up: {reason}; --budget auto decodes with the "
+                     f"target alone")
+    elif best.tokens_per_second <= ar:
         gate = ("" if config.drafter == "model" else
                 ", except in passes where suffix candidates pay for their place (a long copy of text seen before)")
         notes.append(f"no tree beats the target alone on this set-up (the {config.drafter} drafter is too slow or "
                      f"accepts too little on average); --budget auto decodes with the target alone{gate}")
     return Plan(best=best, curve=tuple(curve), autoregressive_tokens_per_second=ar, branch=config.branch,
-                acceptance_scale=acceptance_scale, notes=tuple(notes))
+                acceptance_scale=acceptance_scale, notes=tuple(notes), expert_reads=costs.expert_reads,
+                no_tree_reason=reason, coverage=costs.expert_reads.coverage if costs.expert_reads else None)
+
+
+def _experts_reason(costs: PairCosts, best: PlanPoint) -> str:
+    """Why no tree pays where the expert reads are the reason (the best tree, without its reads and the target
+    alone without its own, would beat the target alone); "" elsewhere."""
+    reads = costs.expert_reads
+    if reads is None or not reads.priced:
+        return ""
+    alone = costs.autoregressive_seconds()
+    tree_seconds = best.seconds - costs.expert_seconds(best.budget + 1)
+    if tree_seconds <= 0 or best.tokens_per_pass / tree_seconds <= 1.0 / (alone - costs.expert_seconds(1)):
+        return ""
+    return no_tree_note(reads, best.budget, best.accepted, alone)

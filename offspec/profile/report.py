@@ -7,6 +7,7 @@ from typing import Optional
 
 from offspec.util.files import atomic_write
 
+from .coverage import CoverageCurve, ExpertReads
 from .planner import Plan
 
 
@@ -80,9 +81,20 @@ def plan_summary(plan: Plan, label: str = "predicted") -> str:
     text += (f"{label}: {b.tokens_per_second:.2f} tokens/s ({b.tokens_per_pass:.2f} tokens/pass, "
              f"{b.seconds * 1e3:.0f} ms/pass), autoregressive {plan.autoregressive_tokens_per_second:.2f} tokens/s, "
              f"speed-up {plan.speedup:.2f}x")
+    if plan.coverage is not None:
+        text += "\n" + coverage_line(plan.coverage, b.budget if plan.speculates else 0, plan.expert_reads)
     for note in plan.notes:
         text += f"\nnote: {note}"
     return text
+
+
+def coverage_line(c: CoverageCurve, budget: int, reads: Optional[ExpertReads] = None) -> str:
+    """The coverage curve, what the chosen budget (0: no tree) touches, and, where priced, what a miss costs."""
+    chosen = f"the chosen budget {budget} touches {c(budget):.1f}" if budget else "no tree chosen"
+    priced = (f"{reads.miss_rate:.0%} missed the cache at calibration, {reads.read_seconds * 1e3:.2f} ms a miss"
+              if reads is not None else "resident or streamed whole: not priced")
+    return (f"distinct experts per layer a pass routes to (of {c.experts_per_layer}): {c.describe()}; {chosen}; "
+            f"{priced}")
 
 
 def plot(plan: Plan, path: Path, title: str, projection: bool = False) -> Path:

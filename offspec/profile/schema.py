@@ -73,6 +73,37 @@ class Acceptance(_Section):
         return self
 
 
+class Experts(_Section):
+    """A mixture's coverage curve and expert reads (offspec/profile/coverage.py): distinct experts per layer a verify
+    pass of the root and B tree nodes routes to, measured on the calibration passes."""
+
+    budgets: Annotated[list[Int0], Field(min_length=1, description="tree nodes, strictly increasing, the first 0")]
+    distinct: Annotated[list[Num], Field(min_length=1, description="mean distinct experts per layer, per budget")]
+    experts_used: Int1 = Field(description="experts one token is routed to in a layer (top k)")
+    experts_per_layer: Int1
+    layers: Int1 = Field(description="mixture layers")
+    read_as_routed: bool = Field(description="the experts are read from SSD as routed (an expert cache)")
+    passes: Int0 = None
+    miss_rate: Num = Field(None, description="share of the routed experts the expert cache did not hold")
+    read_seconds: Optional[Num] = Field(None, description="seconds one missed expert adds to a pass (null: none "
+                                                          "known)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Experts":
+        n = len(self.budgets)
+        if len(self.distinct) != n:
+            raise _problem("distinct", f"needs one value per budget ({n}), got {len(self.distinct)}")
+        if self.budgets != sorted(set(self.budgets)) or self.budgets[0] != 0:
+            raise _problem("budgets", "must start at 0 and be strictly increasing")
+        if self.experts_used > self.experts_per_layer:
+            raise _problem("experts_used", f"must be <= experts_per_layer ({self.experts_per_layer})")
+        if any(d > self.experts_per_layer for d in self.distinct):
+            raise _problem("distinct", f"must be <= experts_per_layer ({self.experts_per_layer})")
+        if self.miss_rate is not None and self.miss_rate > 1:
+            raise _problem("miss_rate", f"must be <= 1, got {self.miss_rate}")
+        return self
+
+
 class Hardware(_Section):
     device_type: Literal["cpu", "cuda"]
     device_name: str
@@ -144,6 +175,8 @@ class PlanSection(_Section):
     predicted_speedup: Num = None
     speculate: bool = Field(None, description="false: no tree is predicted to beat the target alone, "
                                                         "and --budget auto decodes without one")
+    no_tree_reason: str = Field(None, description="why no tree pays, where the experts a tree touches are the "
+                                                   "reason (a mixture read as routed)")
 
 
 class Profile(_Section):
@@ -172,6 +205,7 @@ class Profile(_Section):
                                                                "draft model)")
     acceptance_suffix: Acceptance = Field(None, description="the suffix drafter's acceptance")
     acceptance_hybrid: Acceptance = Field(None, description="the hybrid drafter's acceptance")
+    experts: Experts = Field(None, description="a mixture of experts' coverage curve (absent: a dense model)")
     plan: PlanSection = None
 
     @model_validator(mode="after")

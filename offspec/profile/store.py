@@ -20,6 +20,7 @@ from offspec.util.paths import config_dir
 from offspec.util.files import atomic_write, remove_stale_temps
 from offspec.util.writable import check_writable_dir
 
+from .coverage import expert_reads_of
 from .curves import AcceptanceCurve, CostCurve
 from .planner import PairCosts
 from .schema import ACCEPTANCE_FORMAT, AcceptanceFile, validate
@@ -208,7 +209,8 @@ def save_profile(data: dict, path: Path) -> Path:
 
 
 def costs_of(data: dict, source: str = "profile") -> PairCosts:
-    """The planner's cost model from a measured profile's `timings` (no draft_step: no draft model)."""
+    """The planner's cost model from a measured profile's `timings` (no draft_step: no draft model) and, for a
+    mixture read as routed, its `experts` section (the expert reads a pass pays)."""
     t = data["timings"]
     propose = t.get("draft_propose")
     return PairCosts(target_pass=CostCurve.of(t["target_pass"], f"{source}: timings.target_pass"),
@@ -221,7 +223,8 @@ def costs_of(data: dict, source: str = "profile") -> PairCosts:
                      suffix_seconds=float(t.get("suffix_propose_seconds", 0.0)),
                      target_flop_seconds=float(t.get("target_flop_seconds", 0.0)),
                      draft_flop_seconds=float(t.get("draft_flop_seconds", 0.0)),
-                     head_rows=int(t.get("head_rows") or 1))
+                     head_rows=int(t.get("head_rows") or 1),
+                     expert_reads=expert_reads_of(data.get("experts"), source))
 
 
 ACCEPTANCE_SECTIONS = {"model": "acceptance", "suffix": "acceptance_suffix", "hybrid": "acceptance_hybrid"}
