@@ -58,6 +58,22 @@ def _linear_launches(type_name, dtype, rows, gpu, cols=1024, ntot=300, bias=True
     return launches
 
 
+def _grouped_launches(type_name, dtype, rows, gpu, cols=1024, n=300, parts=2, experts=8, bias=True):
+    """The launches `grouped_linear` makes for `experts` routed experts of `rows` rows each, `parts` (n, cols)
+    weights of `type_name` each (gate and up), on `gpu` (nothing runs)."""
+    from offspec.formats.ggml import ggml_type
+    from offspec.formats.gpu import experts as gx
+    from offspec.formats.gpu.launch import recording
+
+    t = ggml_type(type_name)
+    ws = [[torch.zeros((n, t.row_bytes(cols)), dtype=torch.uint8) for _ in range(experts)] for _ in range(parts)]
+    x = torch.zeros((rows * experts, cols), dtype=dtype)  # (R, cols)
+    biases = [[torch.zeros(n) for _ in range(experts)] for _ in range(parts)] if bias else None
+    with recording(gpu) as launches:
+        gx.grouped_linear(x, [rows] * experts, ws, t.id, cols, biases)
+    return launches
+
+
 def _layer_launches(dtype, gpu, heads=32, kv_heads=8, head_dim=128, hidden=4096):
     from offspec.formats.gpu.launch import recording
     from offspec.formats.gpu.probe import LayerCase, _layer_kernels
@@ -241,3 +257,84 @@ def test_every_types_linear_runs_one_arithmetic_at_every_row_count(card, dtype, 
     seen = {rows: _arithmetic(_linear_launches(type_name, dtype, rows, gpu, group=3), gpu) for rows in ROW_COUNTS}
     assert len(set(seen.values())) == 1, (type_name, seen)
     assert not any(op.startswith(("wgmma", "tcgen05")) for a in seen.values() for op in a.instructions)
+
+
+# the routed experts' grouped linears (offspec/formats/gpu/experts.py): the types mixtures ship their experts in
+EXPERT_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "MXFP4")
+
+
+def test_the_grouped_expert_tiles_fit_the_smallest_card():
+    """Q4_K's gate and up of 8 experts with biases, 1 row each (tiles of 16 rows) and 1,024 (of 64, pipelined as
+    deep as sm_89's 99 KB allow) in bfloat16 (every expert type, card and dtype: the slow test)."""
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS["sm_89"]
+    for rows in (1, 1024):
+        _check_resources(_grouped_launches("Q4_K", torch.bfloat16, rows, gpu), gpu)
+
+
+def test_a_grouped_expert_row_runs_the_arithmetic_of_its_linear():
+    """An expert's rows in a grouped launch go through what `linear` computes them with (operand layouts, PTX
+    arithmetic, no contraction), at 1 row an expert and at 1,024 (sm_90, bfloat16; every type: the slow test)."""
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS["sm_90"]
+    want = _arithmetic(_linear_launches("Q4_K", torch.bfloat16, 1024, gpu), gpu)
+    for rows in (1, 1024):
+        assert _arithmetic(_grouped_launches("Q4_K", torch.bfloat16, rows, gpu), gpu) == want, rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("card", CARDS_)
+@pytest.mark.parametrize("type_name", EXPERT_TYPES)
+def test_every_expert_types_grouped_tiles_fit_every_card(card, type_name):
+    """Gate and up with biases at 1,024 rows an expert (the largest tiles), bfloat16 and float32; and 1 row (the
+    16-row tiles) on the card of the least shared memory."""
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu = CARDS[card]
+    for dtype in (torch.bfloat16, torch.float32):
+        _check_resources(_grouped_launches(type_name, dtype, 1024, gpu), gpu)
+        if card == "sm_89":
+            _check_resources(_grouped_launches(type_name, dtype, 1, gpu), gpu)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("card, dtype", [("sm_90", "bfloat16"), ("sm_80", "float32")])
+@pytest.mark.parametrize("type_name", EXPERT_TYPES)
+def test_every_expert_types_grouped_rows_run_the_arithmetic_of_its_linear(card, dtype, type_name):
+    from offspec.formats.gpu.launch import CARDS
+
+    gpu, dtype = CARDS[card], getattr(torch, dtype)
+    want = _arithmetic(_linear_launches(type_name, dtype, 1024, gpu), gpu)
+    for rows in (1, 17, 1024):
+        assert _arithmetic(_grouped_launches(type_name, dtype, rows, gpu), gpu) == want, (type_name, rows)
+
+
+def test_the_probe_launches_a_mixtures_grouped_experts_at_both_row_tiles(tmp_path, monkeypatch):
+    """The load-time probe (gpu/probe.py) launches what `layer_ffn` will: a tiny gpt-oss's MXFP4 experts, gate and up
+    in one launch, down alone, with biases, at 16- and 64-row tiles; they fit the smallest card."""
+    import offspec
+    from helpers.tiny_gguf import save_tiny_gguf
+    from offspec.formats.ggml import ggml_type
+    from offspec.formats.gpu.launch import CARDS, recording
+    from offspec.formats.gpu.probe import _launches, expert_cases
+
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = save_tiny_gguf(tmp_path / "oss.gguf", "gpt-oss", seed=0, types={"experts": "MXFP4", "down_exps": "MXFP4"})
+    gen = offspec.load(str(path), "none", budget=4, max_context=64)
+    try:
+        cases = expert_cases(gen.engine.target.model, torch.device("cpu"))
+        assert expert_cases(gen.engine.target.model, torch.device("cuda")) == set()  # experts not on that device
+    finally:
+        gen.close()
+    mxfp4 = ggml_type("MXFP4").id
+    assert {(c.type_id, c.parts, c.bias) for c in cases} == {(mxfp4, 2, True), (mxfp4, 1, True)}, cases
+    gpu = CARDS["sm_89"]
+    with recording(gpu) as launches:
+        for _, run in _launches(torch.device("cpu"), torch.bfloat16, (), (), (), cases):
+            run()
+    assert [launch.kernel.fn.__name__ for launch in launches] == ["_grouped"] * 4
+    assert sorted(launch.kwargs["BM"] for launch in launches) == [16, 16, 64, 64]
+    assert sorted(launch.kwargs["PARTS"] for launch in launches) == [1, 1, 2, 2]
+    _check_resources(launches, gpu)

@@ -128,6 +128,12 @@ class QExperts(nn.Module):
         if self.stream is not None:
             self.stream.prefetch(x)  # the next layer's experts, read while these compute
         try:
+            if x.device.type == "cuda" and routed and kernels.cuda_kernels() == "triton":
+                from .gpu.experts import layer_ffn  # imported here: a CPU never loads Triton
+
+                out = layer_ffn(self, x, routed, counts, top_k_index, top_k_weights)  # grouped: the loop's bits
+                if out is not None:
+                    return out
             return self._run(x, routed, top_k_index, top_k_weights)
         finally:
             for linear, placeholder in held:  # the routed experts' views go: the cache may reuse their slots

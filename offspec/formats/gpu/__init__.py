@@ -4,6 +4,8 @@
 - blocks.py     ggml block decoders as Triton functions: 32 values at a time, the gguf reference's arithmetic
 - linear.py     batch-invariant low-bit linears: one fused decode + GEMM kernel for every type and row count
                 (fixed split-K), tiled by the row count; the same bits at every row count
+- experts.py    a mixture's routed experts: each projection of every routed expert in one grouped launch, each
+                row the bits of its expert's linear alone; the routed FFN around them
 - norm.py       batch-invariant RMSNorm (with the residual add), RoPE with the KV-cache write
 - attention.py  tree attention with native grouped-query heads: shared prefix tiles, then each query's own keys
 - layer.py      offspec's decoder layer on CUDA (llama family), installed like formats/layers.py on a CPU

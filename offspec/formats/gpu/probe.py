@@ -7,7 +7,8 @@ configuration (a long prefill, a big tree while the budget is chosen) would stop
 each configuration the engine can: the linears' three tilings (linear.py: 16 rows with the K splits as programs,
 64 rows likewise, 64 rows with the splits in each program), with and without a bias, for each weight type, input
 width and output width class a model holds; the decode of its token table; the norms, the rotary embedding and the
-attention of its layer geometry. The compiled kernels stay in Triton's caches, so the passes that follow find them.
+attention of its layer geometry; a mixture's grouped expert launches (experts.py) at both row tilings, where its
+experts are on the card. The compiled kernels stay in Triton's caches, so the passes that follow find them.
 
 A failure names the configuration and Triton's reason in one line; `check_models` then falls back to torch's path
 (choice.fall_back) and returns the line that says so.
@@ -33,6 +34,17 @@ class LinearCase:
     type_id: int
     cols: int
     wide16: bool
+    bias: bool
+
+
+@dataclass(frozen=True)
+class ExpertCase:
+    """A grouped expert launch (experts.py): the type, input width, weight rows, parts (2: gate and up) and bias."""
+
+    type_id: int
+    cols: int
+    rows: int
+    parts: int
     bias: bool
 
 
@@ -71,12 +83,35 @@ def model_cases(model: Any, layers_installed: bool) -> tuple[set[LinearCase], se
     return linears, tables, layers
 
 
+def expert_cases(model: Any, device: torch.device) -> set[ExpertCase]:
+    """The grouped launches a mixture's experts on `device` take (experts.layer_ffn): gate and up together where they
+    have one type and shape, else each alone; down. Experts kept elsewhere (host memory: read as routed) run no
+    grouped launch."""
+    from ..experts import QExperts
+
+    cases: set[ExpertCase] = set()
+    for block in model.modules():
+        if not isinstance(block, QExperts) or not len(block):
+            continue
+        if block.experts[0].gate_proj.qweight.device.type != device.type:
+            continue
+        gate, up, down = block.experts[0].gate_proj, block.experts[0].up_proj, block.experts[0].down_proj
+        bias = block.swiglu is not None
+        if gate.type_id == up.type_id and gate.qweight.shape == up.qweight.shape:
+            cases.add(ExpertCase(gate.type_id, gate.in_features, gate.out_features, 2, bias))
+        else:
+            cases |= {ExpertCase(m.type_id, m.in_features, m.out_features, 1, bias) for m in (gate, up)}
+        cases.add(ExpertCase(down.type_id, down.in_features, down.out_features, 1, bias))
+    return cases
+
+
 def probe(device: torch.device, dtype: torch.dtype, linears: Iterable[LinearCase],
-          tables: Iterable[tuple[int, int]] = (), layers: Iterable[LayerCase] = ()) -> Optional[str]:
+          tables: Iterable[tuple[int, int]] = (), layers: Iterable[LayerCase] = (),
+          experts: Iterable[ExpertCase] = ()) -> Optional[str]:
     """None when every configuration launched and ran, else one line: which failed, and Triton's reason."""
     from triton.errors import TritonError
 
-    for what, run in _launches(device, dtype, linears, tables, layers):
+    for what, run in _launches(device, dtype, linears, tables, layers, experts):
         try:
             run()
             if device.type == "cuda":
@@ -87,8 +122,9 @@ def probe(device: torch.device, dtype: torch.dtype, linears: Iterable[LinearCase
     return None
 
 
-def _launches(device, dtype, linears, tables, layers) -> Iterator[tuple[str, Any]]:
+def _launches(device, dtype, linears, tables, layers, experts=()) -> Iterator[tuple[str, Any]]:
     from ..ggml import ggml_type
+    from . import experts as ge
     from . import linear as gl
 
     dname = str(dtype).removeprefix("torch.")
@@ -107,6 +143,16 @@ def _launches(device, dtype, linears, tables, layers) -> Iterator[tuple[str, Any
         table = torch.zeros((2, t.row_bytes(cols)), dtype=torch.uint8, device=device)  # (2, bytes) two rows
         yield (f"the {t.name} token table's decode", lambda r=table, i=type_id, c=cols: gl.decode(
             r, i, c, torch.float32))
+    for case in sorted(set(experts), key=repr):
+        t = ggml_type(case.type_id)
+        weight = torch.zeros((case.rows, t.row_bytes(case.cols)), dtype=torch.uint8, device=device)  # (N, bytes)
+        bias = torch.zeros(case.rows, dtype=dtype, device=device) if case.bias else None
+        for rows in (1, gl.FEW_ROWS + 1):  # both row tiles (Tiles.bm), two experts
+            x = torch.zeros((rows + 1, case.cols), dtype=dtype, device=device)  # (rows + 1, cols)
+            yield (f"the grouped {t.name} experts of {case.cols} columns, {case.parts} part(s), at {rows} rows "
+                   f"({dname}{', bias' if case.bias else ''})", lambda x=x, w=weight, b=bias, c=case, r=rows:
+                   ge.grouped_linear(x, [r, 1], [[w, w]] * c.parts, c.type_id, c.cols,
+                                     None if b is None else [[b, b]] * c.parts))
     for geometry in sorted(set(layers), key=repr):
         yield (f"the layer kernels of {geometry.heads} heads of {geometry.head_dim} ({geometry.kv_heads} KV), "
                f"width {geometry.hidden} ({dname})", lambda g=geometry: _layer_kernels(g, device, dtype))
@@ -143,10 +189,12 @@ def check_models(device: torch.device, dtype: torch.dtype, models: Iterable[Any]
     linears: set[LinearCase] = set()
     tables: set[tuple[int, int]] = set()
     layers: set[LayerCase] = set()
+    experts: set[ExpertCase] = set()
     for model in models:  # (whether offspec's CUDA layers would run it: a question about CUDA, whatever `device`)
         cases = model_cases(model, cuda_layers(model, torch.device("cuda"), dtype) is None)
         linears |= cases[0]
         tables |= cases[1]
         layers |= cases[2]
-    reason = probe(device, dtype, linears, tables, layers)
+        experts |= expert_cases(model, device)
+    reason = probe(device, dtype, linears, tables, layers, experts)
     return None if reason is None else fall_back(reason)
