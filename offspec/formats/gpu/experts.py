@@ -47,8 +47,7 @@ ROW_FIELDS = 3  # the row map's fields per tile: routed expert, first row, end o
 if triton is not None:
     import triton.language as tl
 
-    from .blocks import chunk
-    from .linear import _finish, _mma, _x_tile
+    from .linear import _finish, _splits
 
     # the expert count, row counts and the split plan are not specialized on: one compiled kernel for every pass
     @triton.jit(do_not_specialize=["E", "N", "NTOT", "KS", "SPLITS"])
@@ -74,20 +73,8 @@ if triton is not None:
         rn = tile * BN + tl.arange(0, BN)  # (BN,) rows of this weight
         nmask = rn < N
         rows = w_ptr + rn.to(tl.int64) * row_bytes  # (BN,) each row's first byte
-        nunits = tl.cdiv(K, UNIT)
-        total = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN) the splits' sums, in order
-        for s in range(0, SPLITS):
-            acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN) this split's chain
-            u0 = s * (KS // UNIT)
-            u1 = tl.minimum(u0 + KS // UNIT, nunits)
-            for u in range(u0, u1):
-                blk = rows + u * UBYTES
-                for c in tl.static_range(CHUNKS):
-                    kk = u * UNIT + c * 32 + tl.arange(0, 32)  # (32,)
-                    kmask = kk < K
-                    w = chunk(TYPE, blk, c, nmask, kmask, table)  # (BN, 32) float32, exact
-                    acc = _mma(acc, _x_tile(x_ptr, rm, mmask, stride_xm, kk, kmask), w, IEEE)
-            total += acc
+        total = _splits(x_ptr, rows, table, rm, mmask, nmask, stride_xm, K, KS, 0, SPLITS, TYPE, UNIT, UBYTES, CHUNKS,
+                        BM, BN, IEEE)  # (BM, BN) every split in order, as linear._fused's programs that run them so
         _finish(total, y_ptr, bias_ptr + e.to(tl.int64) * NTOT, rm, mmask, part * N + rn, nmask, stride_ym, HAS_BIAS)
 
 

@@ -103,6 +103,29 @@ if triton is not None:
         tl.store(y_ptr + rm.to(tl.int64)[:, None] * stride_ym + cols[None, :], total.to(y_ptr.dtype.element_ty),
                  mask=mmask[:, None] & nmask[None, :])
 
+    @triton.jit
+    def _splits(x_ptr, rows, table, rm, mmask, nmask, stride_xm, K, KS, s_lo, s_hi, TYPE: tl.constexpr,
+                UNIT: tl.constexpr, UBYTES: tl.constexpr, CHUNKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                IEEE: tl.constexpr):
+        """The splits s_lo .. s_hi - 1 of K (KS wide) of rows rm of x times the BN weight rows at `rows` (each row's
+        first byte): each split a chain of 32-wide products from zero over its K range, the splits' sums added in
+        order from zero -> (BM, BN) float32. Every kernel's rows go through this one arithmetic."""
+        nunits = tl.cdiv(K, UNIT)
+        total = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN) the splits' sums, in order
+        for s in range(s_lo, s_hi):
+            acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN) this split's chain
+            u0 = s * (KS // UNIT)
+            u1 = tl.minimum(u0 + KS // UNIT, nunits)
+            for u in range(u0, u1):
+                blk = rows + u * UBYTES
+                for c in tl.static_range(CHUNKS):
+                    kk = u * UNIT + c * 32 + tl.arange(0, 32)  # (32,)
+                    kmask = kk < K
+                    w = chunk(TYPE, blk, c, nmask, kmask, table)  # (BN, 32) float32, exact
+                    acc = _mma(acc, _x_tile(x_ptr, rm, mmask, stride_xm, kk, kmask), w, IEEE)
+            total += acc
+        return total
+
     # row counts, column offsets and the split plan are not specialized on (Triton would compile a variant for a
     # value of 1 and for multiples of 16): the same compiled kernel for every pass of a tiling
     @triton.jit(do_not_specialize=["M", "N0", "N1", "N2", "C0", "C1", "C2", "NTOT", "KS", "SPLITS"])
@@ -127,26 +150,14 @@ if triton is not None:
         rn = tile * BN + tl.arange(0, BN)  # (BN,) rows of this weight
         nmask = rn < n_w
         rows = w_ptr + rn.to(tl.int64) * row_bytes  # (BN,) each row's first byte
-        nunits = tl.cdiv(K, UNIT)
         if GRID_SPLIT:
             s_lo = tl.program_id(2)
             s_hi = s_lo + 1
         else:
             s_lo = 0
             s_hi = SPLITS
-        total = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN) the splits' sums, in order
-        for s in range(s_lo, s_hi):
-            acc = tl.zeros((BM, BN), dtype=tl.float32)  # (BM, BN) this split's chain
-            u0 = s * (KS // UNIT)
-            u1 = tl.minimum(u0 + KS // UNIT, nunits)
-            for u in range(u0, u1):
-                blk = rows + u * UBYTES
-                for c in tl.static_range(CHUNKS):
-                    kk = u * UNIT + c * 32 + tl.arange(0, 32)  # (32,)
-                    kmask = kk < K
-                    w = chunk(TYPE, blk, c, nmask, kmask, table)  # (BN, 32) float32, exact
-                    acc = _mma(acc, _x_tile(x_ptr, rm, mmask, stride_xm, kk, kmask), w, IEEE)
-            total += acc
+        total = _splits(x_ptr, rows, table, rm, mmask, nmask, stride_xm, K, KS, s_lo, s_hi, TYPE, UNIT, UBYTES, CHUNKS,
+                        BM, BN, IEEE)  # (BM, BN)
         cols = col + rn
         if GRID_SPLIT:
             offs = (s_lo * M + rm).to(tl.int64)[:, None] * NTOT + cols[None, :]
