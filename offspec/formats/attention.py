@@ -10,8 +10,8 @@ the 8-bit activation blocks of the low-bit kernels would turn such last-bit diff
 `install(model)` makes the model's attention go through `attention_forward`; it runs exactly while the
 `exact()` context is active (the runner enables it for target-alone steps and tree passes) and is otherwise
 transformers' SDPA (the draft's long passes), or plain attention where the model soft-caps its attention logits
-(gemma2) or has attention sinks (gpt-oss: a learned logit per head in the softmax's sum): SDPA has neither. Where it cannot run (CUDA, dtypes other than float32, no compiled kernels), SDPA runs
-instead: `exact_available(model)` says which.
+(gemma2) or has attention sinks (gpt-oss: a learned logit per head in the softmax's sum): SDPA has neither. Where it
+cannot run (CUDA, dtypes other than float32, no compiled kernels), SDPA runs instead: `exact_available(model)` says which.
 
 Sliding windows (mistral, qwen2/3 with use_sliding_window, gemma2/3's local layers) are in the mask: the runner
 builds each layer type's mask with its window (offspec.spec.runner), as transformers' own masks have it, so the

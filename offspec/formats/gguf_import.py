@@ -155,8 +155,8 @@ def plan_import(gguf_path: Path, config: Any) -> ImportPlan:
         if hf_name is None:
             continue  # rope factors (`_modelled_elsewhere`)
         found.add(hf_name)
-        if _STACKED.match(t.name) or _STACKED_BIAS.match(t.name):
-            weights = _STACKED.match(t.name) is not None
+        weights = _STACKED.match(t.name) is not None
+        if weights or _STACKED_BIAS.match(t.name):
             experts = _expert_plans(t, hf_name) if weights else _expert_bias_plans(t, hf_name)
             if weights:
                 _check_kernel(gguf_path, t)

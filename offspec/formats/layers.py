@@ -13,8 +13,8 @@ Families (`FAMILY_LAYERS`): llama (Llama, SmolLM2), mistral, qwen2 (q/k/v biases
 (tanh-GELU, sandwich norms with a (1 + w) scale, attention logit soft-capping, local and global layers), gemma3
 (gemma2's, with q/k norms instead of soft-capping, and a rope per layer type) and phi3 (fused q|k|v and gate|up
 projections, partial rotary); of the mixtures (qwen3moe, qwen2moe, Mixtral, gpt-oss) the attention block (gpt-oss's
-with biases on q, k, v and o, and attention sinks), then the sparse block. A layer's sliding window is in the mask it is given (the runner builds one per
-window, `active`).
+with biases on q, k, v and o, and attention sinks), then the sparse block. A layer's sliding window is in the mask it
+is given (the runner builds one per window, `active`).
 
 A resident model of the plainest families goes one step further: all its layers in one compiled call
 (`layer_stack.py`).

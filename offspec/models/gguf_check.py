@@ -77,8 +77,8 @@ def check_gguf(path: Path, role: str) -> str:
     experts = expert_count(reader, arch)
     if experts and arch not in MOE_ARCHS:
         raise OffspecError(f"{role} model {path.name} is a mixture of experts ({arch}, {experts} experts a layer), "
-                           f"which offspec cannot run yet; it runs qwen3moe, qwen2moe, gpt-oss and Mixtral mixtures, and "
-                           f"dense GGUFs (e.g. Qwen2.5, Llama 3, Gemma 3)")
+                           f"which offspec cannot run yet; it runs qwen3moe, qwen2moe, gpt-oss and Mixtral mixtures, "
+                           f"and dense GGUFs (e.g. Qwen2.5, Llama 3, Gemma 3)")
     missing = [k for k in ("expert_count", "expert_used_count") if experts and f"{arch}.{k}" not in reader.fields]
     if missing:
         kind = "a llama file with experts (Mixtral, as llama.cpp writes it)" if arch == "llama" else arch

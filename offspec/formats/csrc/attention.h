@@ -7,10 +7,11 @@
 // Per query head the operations are fixed: each visible key's score dot_f32(q, k) * scale (then soft-capped), the
 // largest of them, p = softmax_exp(score - largest) and their double sum in slot order, and each output element's fma
 // chain acc = fma(p, v, acc) over the keys in slot order, times 1 / sum. gpt-oss's attention sinks (a learned logit
-// per head, a key without a value) join the largest and, last, the sum: the same for every query. What may vary is only how the work is laid
-// out, never the value of an operation: the query heads that share a key head (grouped-query attention) run
-// together, so that each visible key and value row is read once for all of them and the visible keys are listed
-// once, and the output elements' chains run in registers, a chunk of elements at a time over all the keys.
+// per head, a key without a value) join the largest and, last, the sum: the same for every query. What may vary is
+// only how the work is laid out, never the value of an operation: the query heads that share a key head
+// (grouped-query attention) run together, so that each visible key and value row is read once for all of them and
+// the visible keys are listed once, and the output elements' chains run in registers, a chunk of elements at a
+// time over all the keys.
 #pragma once
 
 #include "ggml_dot.h"

@@ -1,15 +1,14 @@
-// One decoder layer in one call, for the families whose layers are a pre-norm attention block and a gated MLP:
-// llama (Llama, Mistral, SmolLM2), qwen2, qwen3, gemma2, gemma3 and phi3, and the attention block of a mixture of
-// experts (qwen3moe, qwen2moe, Mixtral, gpt-oss). In order: RMSNorm, the q/k/v projections
-// (fused into one where the model has them fused, phi3; with their biases where it has them, qwen2, gpt-oss), per-head q/k
-// RMSNorms (qwen3, gemma3), the rotary embedding (of the first `cos.size(1)` dims of each head: phi3's partial
-// rotary), the cache write, exact attention (attention.h; with logit soft-capping, gemma2; with attention sinks,
-// gpt-oss), the output projection (with its bias, gpt-oss),
-// a post-attention RMSNorm (gemma's sandwich), the residual add, RMSNorm, the gated MLP (SiLU or tanh-GELU; gate and
-// up fused where the model has them fused), a post-MLP RMSNorm (gemma), the residual add. Gemma's norms scale by
-// (1 + w) rather than w: `norm_offset` is 1 there, 0 elsewhere. It computes what transformers' layer computes (a
-// norm's sum of squares is taken in order here, so its last bit may differ); what it saves is the ~150 dispatched
-// torch operations and ~14 module calls per layer that cost 0.4-0.7 ms in Python on a CPU: a third of a 0.5B
+// One decoder layer in one call, for the families whose layers are a pre-norm attention block and a gated MLP: llama
+// (Llama, Mistral, SmolLM2), qwen2, qwen3, gemma2, gemma3 and phi3, and the attention block of a mixture of experts
+// (qwen3moe, qwen2moe, Mixtral, gpt-oss). In order: RMSNorm, the q/k/v projections (fused into one where the model has
+// them fused, phi3; with their biases where it has them, qwen2, gpt-oss), per-head q/k RMSNorms (qwen3, gemma3), the
+// rotary embedding (of the first `cos.size(1)` dims of each head: phi3's partial rotary), the cache write, exact
+// attention (attention.h; with logit soft-capping, gemma2; with attention sinks, gpt-oss), the output projection (with
+// its bias, gpt-oss), a post-attention RMSNorm (gemma's sandwich), the residual add, RMSNorm, the gated MLP (SiLU or
+// tanh-GELU; gate and up fused where the model has them fused), a post-MLP RMSNorm (gemma), the residual add. Gemma's
+// norms scale by (1 + w) rather than w: `norm_offset` is 1 there, 0 elsewhere. It computes what transformers' layer
+// computes (a norm's sum of squares is taken in order here, so its last bit may differ); what it saves is the ~150
+// dispatched torch operations and ~14 module calls per layer that cost 0.4-0.7 ms in Python on a CPU: a third of a 0.5B
 // draft's step.
 //
 // Included by ggml_cpu.cpp after `qgemm`. Every step computes a row from that row alone (the norms, the rotary

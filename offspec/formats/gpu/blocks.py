@@ -121,24 +121,25 @@ if triton is not None:
         return _num(low | (high << 4)) - 32.0
 
     @triton.jit
-    def _iq4(q):
-        """IQ4_NL's table (gguf: IQ4_NL.kvalues) at q (0 .. 15, any integer tensor) as float32: (entry + 128) is a
-        byte of one of four words, entries 0-3, 4-7, 8-11, 12-15."""
+    def _table16(q, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr):
+        """A 16-entry int8 table at q (0 .. 15, any integer tensor) as float32: (entry + 128) is a byte of one of
+        four words, W0 entries 0-3, W1 4-7, W2 8-11, W3 12-15."""
         qq = q.to(tl.int64)
-        lo = tl.where(qq < 4, tl.full([1, 1], 0x3F2D1801, tl.int64), tl.full([1, 1], 0x766A5D4F, tl.int64))
-        hi = tl.where(qq < 12, tl.full([1, 1], 0xA6998D81, tl.int64), tl.full([1, 1], 0xF1D9C5B5, tl.int64))
+        lo = tl.where(qq < 4, tl.full([1, 1], W0, tl.int64), tl.full([1, 1], W1, tl.int64))
+        hi = tl.where(qq < 12, tl.full([1, 1], W2, tl.int64), tl.full([1, 1], W3, tl.int64))
         word = tl.where(qq < 8, lo, hi)
         return _num((word >> ((qq & 3) * 8)) & 255) - 128.0
 
     @triton.jit
+    def _iq4(q):
+        """IQ4_NL's table (gguf: IQ4_NL.kvalues) at q as float32."""
+        return _table16(q, 0x3F2D1801, 0x766A5D4F, 0xA6998D81, 0xF1D9C5B5)
+
+    @triton.jit
     def _mxfp4(q):
-        """MXFP4's table (gguf: MXFP4.kvalues, 0 .. 12 and -0 .. -12 as int8) at q (0 .. 15) as float32, as _iq4
-        reads IQ4_NL's: entry 8 is an integer 0, so +0.0 (a sign bit would make it -0.0, and d * -0.0 not gguf's)."""
-        qq = q.to(tl.int64)
-        lo = tl.where(qq < 4, tl.full([1, 1], 0x83828180, tl.int64), tl.full([1, 1], 0x8C888684, tl.int64))
-        hi = tl.where(qq < 12, tl.full([1, 1], 0x7D7E7F80, tl.int64), tl.full([1, 1], 0x74787A7C, tl.int64))
-        word = tl.where(qq < 8, lo, hi)
-        return _num((word >> ((qq & 3) * 8)) & 255) - 128.0
+        """MXFP4's table (gguf: MXFP4.kvalues, 0 .. 12 and -0 .. -12 as int8) at q as float32: entry 8 is an integer
+        0, so +0.0 (a sign bit would make it -0.0, and d * -0.0 not gguf's)."""
+        return _table16(q, 0x83828180, 0x8C888684, 0x7D7E7F80, 0x74787A7C)
 
     @triton.jit
     def _e8m0_half(e):
