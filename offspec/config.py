@@ -263,9 +263,10 @@ class OffloadConfig:
     # a CPU's LM head: "auto" (read from SSD in every pass where the budget cannot keep it with every layer
     # streamed), "always" or "never" (offspec/offload/head.py)
     stream_head: str = "auto"
-    # a mixture of experts that does not fit: "auto" keeps every layer's dense part resident and reads its experts
-    # from SSD as routed into an expert cache (offspec/offload/experts.py), where the budget holds one layer's
-    # experts beside them; "whole" streams its layers whole, every expert of them, as a dense model's
+    # a mixture of experts that does not fit: "auto" keeps every layer's dense part resident and fetches its experts
+    # as routed into an expert cache, where the budget holds one layer's experts beside them: from RAM where the RAM
+    # budget holds them all (offspec/offload/ram_experts.py), else from SSD (offspec/offload/experts.py); "whole"
+    # streams its layers whole, every expert of them, as a dense model's
     experts: str = "auto"
     expert_policy: str = "lru"  # which cached expert makes room: "lru" (least recently used) or "lfu" (least routed)
     expert_prefetch: str = "on"  # "on": read the next layer's predicted experts ahead (offspec/offload/experts.py)

@@ -73,7 +73,8 @@ echo "== 1. pytest -m cuda (kernels, layer, graphs, lossless), beside the kernel
 $PY scripts/gpu_check.py --out "$WORK" --warm --deadline 150 > "$WORK/warm.log" 2>&1 &
 WARM=$!
 bounded $(( $(left) - 340 )) $PY -m pytest -q -m cuda -n 6 -p no:cacheprovider tests/test_cuda_kernels.py \
-  tests/test_cuda_layer.py --junitxml="$WORK/cuda-offspec.xml" > "$OUT_DIR/pytest-cuda-offspec.log" 2>&1
+  tests/test_cuda_layer.py tests/test_cuda_experts.py --junitxml="$WORK/cuda-offspec.xml" \
+  > "$OUT_DIR/pytest-cuda-offspec.log" 2>&1
 echo "pytest exit $?"; tail -n 15 "$OUT_DIR/pytest-cuda-offspec.log"
 wait $WARM; echo "warm-up exit $?"; tail -n 3 "$WORK/warm.log"
 

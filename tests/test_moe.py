@@ -408,6 +408,56 @@ def test_routed_experts_read_from_ssd_give_the_resident_greedy_output(cache, ggu
     assert off.engine.target.io.stats()["prefetch_reads"] == 0
 
 
+@pytest.mark.parametrize("family", ["qwen3moe", pytest.param("gpt-oss", marks=pytest.mark.slow)])
+def test_routed_experts_held_in_ram_give_the_resident_greedy_output(cache, ggufs, family, tmp_path):
+    """A RAM budget that holds every expert (the path a GPU takes, its buffers pinned there): each layer's experts
+    are read once into host RAM and copied into the cache as routed; greedy and speculative output are the resident
+    model's, prefetch or not, and each pass counts its experts and hits."""
+    target, draft = str(ggufs[family + "-deep"]), str(ggufs[family + "-draft"])
+    plain = offspec.load(target, draft, **LOAD).generate(PROMPT, max_new_tokens=40, speculate=False).token_ids
+    events = []
+    gen = _tight(target, draft, tmp_path, ram_mem="1GB", progress=events.append)
+    placement = gen.info.extra["placement"]
+    assert placement["expert_host_bytes"] > 0 and placement["expert_cache_bytes"] > 0
+    assert any("experts from RAM as routed" in e.message for e in events if e.step == "placement")
+    experts = gen.engine.target.io
+    assert experts.source == "ram" and 8 <= experts.slots < 8 * 8
+    alone = gen.generate(PROMPT, max_new_tokens=40, speculate=False)
+    assert alone.token_ids == plain
+    routed = [p.experts_routed for p in alone.passes]
+    assert all(2 * 8 <= r <= 8 * 8 for r in routed[1:])
+    assert 0 < sum(p.expert_hits for p in alone.passes) < sum(routed)
+    assert sum(p.bytes_streamed for p in alone.passes) > 0  # the misses' copies
+    for nodes in (1, 16):
+        assert gen.generate(PROMPT, max_new_tokens=40, budget=nodes).token_ids == plain, nodes
+    stats = experts.stats()
+    assert stats["expert_source"] == "ram" and stats["prefetch_reads"] > 0 and 0 < stats["prefetch_accuracy"] <= 1
+    gen.close()
+    off = _tight(target, draft, tmp_path, ram_mem="1GB", expert_prefetch="off")
+    assert off.generate(PROMPT, max_new_tokens=40, budget=16).token_ids == plain
+    assert off.engine.target.io.stats()["prefetch_reads"] == 0
+
+
+def test_a_damaged_expert_held_in_ram_is_caught_at_load_and_the_entry_rebuilt(cache, ggufs, tmp_path):
+    from offspec.store.packed import HEADER
+
+    gguf = ggufs["qwen3moe-deep"]
+    target, draft = str(gguf), str(ggufs["qwen3moe-draft"])
+    want = offspec.load(target, draft, **LOAD).generate(PROMPT, max_new_tokens=8, speculate=False).token_ids
+    spec = _layers(gguf)[3]
+    expert = next(t for t in spec.tensors if t.name == "mlp.experts.6.up_proj.qweight")
+    path = converted_dir(gguf_key(gguf)) / "weights" / spec.file
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[HEADER + expert.offset + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    events = []
+    gen = _tight(target, draft, tmp_path, ram_mem="1GB", progress=events.append)
+    assert any("damaged" in e.message for e in events) and gen.engine.target.io.source == "ram"
+    assert gen.generate(PROMPT, max_new_tokens=8, speculate=False).token_ids == want
+
+
 def test_the_expert_use_distribution_counts_every_routed_token(cache, ggufs):
     from offspec.formats.experts import expert_use
 

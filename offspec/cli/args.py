@@ -63,8 +63,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--stream-head", choices=["auto", "always", "never"], help="on a CPU, read the target's LM head "
                    "from SSD in every pass (default auto: where the budget cannot keep it with every layer streamed)")
     o.add_argument("--experts", choices=["auto", "whole"], help="a mixture of experts that does not fit: auto (the "
-                   "default) keeps the dense parts resident and reads the routed experts from SSD into a cache; whole "
-                   "streams its layers whole")
+                   "default) keeps the dense parts resident and fetches the routed experts into a cache, from RAM "
+                   "where --ram-mem holds them all, else from SSD; whole streams its layers whole")
     o.add_argument("--expert-policy", choices=["lru", "lfu"], help="which cached expert makes room: lru (the "
                    "default: least recently used) or lfu (least often routed)")
     o.add_argument("--expert-prefetch", choices=["on", "off"], help="read the next layer's experts ahead, as its "

@@ -1,4 +1,5 @@
-"""Reading a mixture's experts from SSD as the router picks them, into one expert cache.
+"""Reading a mixture's experts from SSD as the router picks them, into one expert cache; its slots and policy
+(`ExpertSlots`) are shared with the cache of experts held in RAM (offspec/offload/ram_experts.py).
 
 Where a mixture's layers do not fit (offspec/offload/placement.py), each layer's dense part stays resident and its
 experts stay in the layer's packed file, each expert's gate, up and down blocks one 4 KiB-aligned range with its
@@ -42,31 +43,122 @@ from .diskio import FileReader, aligned_empty
 POLICIES = ("lru", "lfu")
 
 
-class ExpertCache:
-    """Slots of `unit` bytes in one page-aligned host buffer of `capacity` bytes (whole slots)."""
+class ExpertSlots:
+    """Slots of `unit` bytes in one buffer, the (layer, expert) each holds and the policy that picks which goes: what
+    the SSD cache here and the RAM-held one (offspec/offload/ram_experts.py) share. Subclasses make `buffer` and fill
+    the slots; their counters: `asked` and `hits` per (layer, expert) a call routed to, `reads` and `read_bytes` of
+    the ranges they filled, `read_seconds` the decode waited for them."""
 
-    def __init__(self, capacity: int, unit: int, reader: FileReader, *, policy: str = "lru", verify: str = "first",
-                 on_corrupt: Callable[[], str] = lambda: "delete the model's cache entry to rebuild it",
-                 prefetch: bool = True):
+    source = "ssd"  # where the experts come from ("ssd", "ram"): the stats say it
+
+    def __init__(self, slots: int, unit: int, policy: str):
         if policy not in POLICIES:
             raise OffspecError(f"unknown expert cache policy {policy!r}; use one of {', '.join(POLICIES)}")
-        self.unit, self.reader, self.policy, self.verify, self.on_corrupt = unit, reader, policy, verify, on_corrupt
-        self.slots = capacity // unit
-        self.buffer = aligned_empty(self.slots * unit)  # (slots * unit,) uint8: every slot page-aligned
+        self.slots, self.unit, self.policy = slots, unit, policy
+        self.buffer = torch.empty(0, dtype=torch.uint8)
         self.free = list(range(self.slots - 1, -1, -1))
         self.slot_of: dict[tuple[int, int], int] = {}  # (layer, expert) -> slot, once its range is there
         self.key_of: list[Optional[tuple[int, int]]] = [None] * self.slots
         self.last = [0] * self.slots  # the call that last used (or was predicted to use) each slot
-        self.pending: dict[tuple[int, int], int] = {}  # (layer, expert) -> slot the reader thread is filling
+        self.pending: dict[tuple[int, int], int] = {}  # (layer, expert) -> slot a read ahead is filling
         self.routed: Counter = Counter()  # (layer, expert) -> calls that routed to it (the "lfu" frequency)
         self.calls = 0
-        self.sources: dict[int, tuple[Path, tuple]] = {}  # layer -> (its packed file, its expert ranges)
-        self.verified: set[tuple[int, int]] = set()
         self.asked = self.hits = self.reads = self.read_bytes = 0
         self.read_seconds = 0.0  # what fetch waited: its own reads, and ranges still in flight
         self.prefetch_reads = self.prefetch_used = self.predicted = self.predicted_right = 0
         self.prefetched: set[tuple[int, int]] = set()  # read ahead, not asked for yet
         self.guess: dict[int, set[int]] = {}  # layer -> the experts last predicted for it
+
+    @property
+    def prefetching(self) -> bool:
+        """Whether `prefetch` reads anything ahead (ExpertStream asks before it runs the next layer's router)."""
+        return False
+
+    def _lookup(self, layer: int, experts: list[int]) -> tuple[dict[int, int], list[int]]:
+        """(lock held) One call's start: ({expert: slot} of those held, [those missing]); counts the call, its
+        hits and the last prediction for this layer."""
+        self.calls += 1
+        guess = self.guess.pop(layer, None)
+        if guess is not None:
+            self.predicted += len(guess)
+            self.predicted_right += len(guess & set(experts))
+        held, missing = {}, []
+        for e in experts:
+            key = (layer, e)
+            self.routed[key] += 1
+            slot = self.slot_of.get(key)
+            if slot is None:
+                missing.append(e)
+                continue
+            self.last[slot] = self.calls
+            if key in self.prefetched:
+                self.prefetched.discard(key)
+                self.prefetch_used += 1
+            held[e] = slot
+        self.asked += len(experts)
+        self.hits += len(experts) - len(missing)
+        return held, missing
+
+    def _install(self, key: tuple[int, int], slot: int) -> None:
+        """(lock held) `slot` now holds `key`'s range."""
+        self.slot_of[key], self.key_of[slot], self.last[slot] = slot, key, self.calls
+
+    def _view(self, slot: int, nbytes: int) -> torch.Tensor:
+        return self.buffer[slot * self.unit : slot * self.unit + nbytes]
+
+    def _victim(self, strict: bool = True) -> Optional[int]:
+        """(lock held) A free slot, else the policy's choice among the slots the running call has not used and no
+        read is filling; None where there is none and not `strict` (a read ahead then stops)."""
+        if self.free:
+            return self.free.pop()
+        busy = set(self.pending.values())
+        candidates = [s for s in range(self.slots) if self.last[s] != self.calls and s not in busy
+                      and self.key_of[s] is not None]
+        if not candidates:
+            if not strict:
+                return None
+            raise OffspecError(f"the expert cache ({self.slots} experts) cannot hold one layer's routed experts")
+        if self.policy == "lfu":
+            slot = min(candidates, key=lambda s: (self.routed[self.key_of[s]], self.last[s]))
+        else:
+            slot = min(candidates, key=lambda s: self.last[s])
+        key = self.key_of[slot]
+        del self.slot_of[key]
+        self.key_of[slot] = None
+        self.prefetched.discard(key)
+        return slot
+
+    def counters(self) -> tuple[int, float]:
+        """(bytes read, seconds the decode waited for reads), cumulative."""
+        return self.read_bytes, self.read_seconds
+
+    def expert_counters(self) -> tuple[int, int]:
+        """(experts routed to, of them cache hits), cumulative: one (layer, expert) pair per layer call."""
+        return self.asked, self.hits
+
+    def loading(self) -> bool:
+        return False  # a read ahead is within a pass: nothing a draft could wait on between passes
+
+    def stats(self) -> dict:
+        seconds = self.counters()[1]
+        return {"expert_source": self.source, "experts_asked": self.asked, "expert_hits": self.hits,
+                "expert_reads": self.reads, "expert_read_bytes": self.read_bytes, "expert_wait_seconds": seconds,
+                "expert_slots": self.slots, "expert_policy": self.policy, "prefetch_reads": self.prefetch_reads,
+                "prefetch_used": self.prefetch_used,
+                "prefetch_accuracy": self.predicted_right / self.predicted if self.predicted else None}
+
+
+class ExpertCache(ExpertSlots):
+    """Slots of `unit` bytes in one page-aligned host buffer of `capacity` bytes (whole slots), filled from SSD."""
+
+    def __init__(self, capacity: int, unit: int, reader: FileReader, *, policy: str = "lru", verify: str = "first",
+                 on_corrupt: Callable[[], str] = lambda: "delete the model's cache entry to rebuild it",
+                 prefetch: bool = True):
+        super().__init__(capacity // unit, unit, policy)
+        self.reader, self.verify, self.on_corrupt = reader, verify, on_corrupt
+        self.buffer = aligned_empty(self.slots * unit)  # (slots * unit,) uint8: every slot page-aligned
+        self.sources: dict[int, tuple[Path, tuple]] = {}  # layer -> (its packed file, its expert ranges)
+        self.verified: set[tuple[int, int]] = set()
         self.cv = threading.Condition()
         self.request: Optional[tuple[int, list[int]]] = None  # the prediction the reader thread takes next
         self.error: Optional[BaseException] = None
@@ -75,6 +167,10 @@ class ExpertCache:
             if prefetch else None
         if self.thread is not None:
             self.thread.start()
+
+    @property
+    def prefetching(self) -> bool:
+        return self.thread is not None
 
     def register(self, layer: int, path: Path, ranges: tuple) -> None:
         """Layer `layer`'s experts live in `path`, expert e at payload range `ranges[e]` (offset, nbytes, crc32)."""
@@ -86,35 +182,17 @@ class ExpertCache:
     def fetch(self, layer: int, experts: list[int]) -> dict[int, torch.Tensor]:
         """{expert: (range nbytes,) uint8 view of its blocks} for `experts` of `layer`, read where not cached."""
         path, ranges = self.sources[layer]
-        out, missing = {}, []
         with self.cv:
             self._raise()
-            self.calls += 1
             if self.request is not None and self.request[0] == layer:
                 self.request = None  # too late to read ahead
-            guess = self.guess.pop(layer, None)
-            if guess is not None:
-                self.predicted += len(guess)
-                self.predicted_right += len(guess & set(experts))
             t0 = time.perf_counter()
             while any((layer, e) in self.pending for e in experts):  # a read ahead of this call still in flight
                 self.cv.wait()
                 self._raise()
             self.read_seconds += time.perf_counter() - t0
-            for e in experts:
-                key = (layer, e)
-                self.routed[key] += 1
-                slot = self.slot_of.get(key)
-                if slot is None:
-                    missing.append(e)
-                    continue
-                self.last[slot] = self.calls
-                if key in self.prefetched:
-                    self.prefetched.discard(key)
-                    self.prefetch_used += 1
-                out[e] = self._view(slot, ranges[e][1])
-            self.asked += len(experts)
-            self.hits += len(experts) - len(missing)
+            held, missing = self._lookup(layer, experts)
+            out = {e: self._view(slot, ranges[e][1]) for e, slot in held.items()}
             slots = [self._victim() for _ in missing]
         for e, slot in zip(missing, slots):
             self.read_seconds += self._read(layer, e, slot)  # waits for the disk
@@ -188,58 +266,11 @@ class ExpertCache:
             self.read_bytes += nbytes
         return seconds
 
-    def _install(self, key: tuple[int, int], slot: int) -> None:
-        """(lock held) `slot` now holds `key`'s range."""
-        self.slot_of[key], self.key_of[slot], self.last[slot] = slot, key, self.calls
-
-    def _view(self, slot: int, nbytes: int) -> torch.Tensor:
-        return self.buffer[slot * self.unit : slot * self.unit + nbytes]
-
-    def _victim(self, strict: bool = True) -> Optional[int]:
-        """(lock held) A free slot, else the policy's choice among the slots the running call has not used and no
-        read is filling; None where there is none and not `strict` (a read ahead then stops)."""
-        if self.free:
-            return self.free.pop()
-        busy = set(self.pending.values())
-        candidates = [s for s in range(self.slots) if self.last[s] != self.calls and s not in busy
-                      and self.key_of[s] is not None]
-        if not candidates:
-            if not strict:
-                return None
-            raise OffspecError(f"the expert cache ({self.slots} experts) cannot hold one layer's routed experts")
-        if self.policy == "lfu":
-            slot = min(candidates, key=lambda s: (self.routed[self.key_of[s]], self.last[s]))
-        else:
-            slot = min(candidates, key=lambda s: self.last[s])
-        key = self.key_of[slot]
-        del self.slot_of[key]
-        self.key_of[slot] = None
-        self.prefetched.discard(key)
-        return slot
-
     def _raise(self) -> None:
         """(lock held) The reader thread's failure, on the model's thread."""
         if self.error is not None:
             error, self.error = self.error, None
             raise error
-
-    def counters(self) -> tuple[int, float]:
-        """(bytes read, seconds the decode waited for reads), cumulative."""
-        return self.read_bytes, self.read_seconds
-
-    def expert_counters(self) -> tuple[int, int]:
-        """(experts routed to, of them cache hits), cumulative: one (layer, expert) pair per layer call."""
-        return self.asked, self.hits
-
-    def loading(self) -> bool:
-        return False  # a read ahead is within a pass: nothing a draft could wait on between passes
-
-    def stats(self) -> dict:
-        return {"experts_asked": self.asked, "expert_hits": self.hits, "expert_reads": self.reads,
-                "expert_read_bytes": self.read_bytes, "expert_wait_seconds": self.read_seconds,
-                "expert_slots": self.slots, "expert_policy": self.policy, "prefetch_reads": self.prefetch_reads,
-                "prefetch_used": self.prefetch_used,
-                "prefetch_accuracy": self.predicted_right / self.predicted if self.predicted else None}
 
     def close(self) -> None:
         with self.cv:
@@ -256,7 +287,7 @@ class ExpertStream:
     `prefetch(x)` predicts the next layer's experts from this layer's input `x` (T, H) with the next layer's
     router (`next_router`, None for the last layer) and reads them ahead."""
 
-    def __init__(self, cache: ExpertCache, layer: int, next_router: Optional[Callable] = None,
+    def __init__(self, cache: ExpertSlots, layer: int, next_router: Optional[Callable] = None,
                  next_layer: int = -1):
         self.cache, self.layer, self.next_router, self.next_layer = cache, layer, next_router, next_layer
 
@@ -264,7 +295,7 @@ class ExpertStream:
         return self.cache.fetch(self.layer, experts)
 
     def prefetch(self, x: torch.Tensor) -> None:
-        if self.next_router is None or self.cache.thread is None:
+        if self.next_router is None or not self.cache.prefetching:
             return
         _, _, chosen = self.next_router(x)  # (T, k) the next layer's router on this layer's input
         self.cache.prefetch(self.next_layer, sorted(set(chosen.reshape(-1).tolist())))  # CPU sync: expert ids

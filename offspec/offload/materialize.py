@@ -32,10 +32,11 @@ from .binding import LayerBinding, as_compute, attach_streaming, skinny_cpu_line
 from .checkpoint import Checkpoint
 from .config import OffloadConfig
 from .diskio import FileReader, aligned_empty
-from .experts import ExpertCache, ExpertStream
+from .experts import ExpertCache, ExpertSlots, ExpertStream
 from .hostmem import MADV_RANDOM, advise, trim_heap
 from .head import StreamedHead, chunk_crcs
 from .placement import Placement
+from .ram_experts import RamExpertCache
 from .skeleton import Skeleton
 from .streamer import LayerSource, LayerStreamer
 
@@ -149,10 +150,11 @@ def _read_as_routed(layer: nn.Module, name: str) -> bool:
     return ".experts." in name and getattr(layer.get_submodule(owner + ".experts"), "stream", None) is not None
 
 
-def _experts_as_routed(layer: nn.Module, index: int, spec: LayerSpec, path: Path, cache: ExpertCache,
-                       following: Optional[nn.Module]) -> None:
-    """Give `layer`'s QExperts its experts from `cache` (range e + 1 of `spec` holds expert e); `following`, the
-    next decoder layer (None for the last), whose router predicts what to read ahead."""
+def _experts_as_routed(layer: nn.Module, index: int, spec: LayerSpec, path: Path, cache: ExpertSlots,
+                       following: Optional[nn.Module], reader: FileReader) -> None:
+    """Give `layer`'s QExperts its experts from `cache` (range e + 1 of `spec` holds expert e), read from `path`
+    as routed, or held in RAM from now (a RamExpertCache); `following`, the next decoder layer (None for the last),
+    whose router predicts what to read ahead."""
     experts = next(m for m in layer.modules() if isinstance(m, QExperts))
     layout = []
     for e, (start, _, _) in enumerate(spec.ranges[1:]):
@@ -161,9 +163,29 @@ def _experts_as_routed(layer: nn.Module, index: int, spec: LayerSpec, path: Path
                             for proj in PROJECTIONS))
     if len(layout) != len(experts):
         raise CorruptPart(f"{path}: {len(layout)} expert ranges for {len(experts)} experts")
-    cache.register(index, path, spec.ranges[1:])
+    if isinstance(cache, RamExpertCache):
+        cache.register(index, _held_experts(reader, path, spec, cache.device))
+    else:
+        cache.register(index, path, spec.ranges[1:])
     router = next((m for m in following.modules() if isinstance(m, QRouter)), None) if following is not None else None
     experts.read_as_routed(ExpertStream(cache, index, router, index + 1), layout)
+
+
+def _held_experts(reader: FileReader, path: Path, spec: LayerSpec, device: torch.device) -> list[torch.Tensor]:
+    """A layer's experts read once into one host buffer (pinned for a CUDA `device`), each checked against its
+    crc32 (CorruptPart on a mismatch); returns per expert its (nbytes,) uint8 view."""
+    ranges = spec.ranges[1:]
+    first = ranges[0][0]
+    span = -(-(spec.nbytes - first) // HEADER) * HEADER  # to the payload's padded end: whole 4 KiB blocks
+    buf = aligned_empty(span, pin=device.type == "cuda", device=device)  # (span,) host, the layer's experts
+    reader.read(path, buf, span, offset=HEADER + first)
+    views = []
+    for e, (start, nbytes, crc) in enumerate(ranges):
+        view = buf[start - first : start - first + nbytes]
+        if payload_crc(view) != crc:
+            raise CorruptPart(f"{path}: checksum mismatch (expert {e})")
+        views.append(view)
+    return views
 
 
 def _bind_payload(model: nn.Module, spec: LayerSpec, payload: torch.Tensor, dtype: torch.dtype) -> None:
@@ -264,7 +286,7 @@ def mapped_tensor(packed: PackedSet, name: str) -> Optional[torch.Tensor]:
 
 def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, placement: Placement, device: torch.device,
                  dtype: torch.dtype, config: OffloadConfig, progress: ProgressFn,
-                 name: str) -> tuple[Optional[LayerStreamer], Optional[ExpertCache]]:
+                 name: str) -> tuple[Optional[LayerStreamer], Optional[ExpertSlots]]:
     """Load what `placement` keeps resident and set up the rest: returns the layer streamer (None when no layer
     streams) and the expert cache (None unless a mixture's experts are read as routed)."""
     reader = FileReader(config.direct_io)
@@ -278,15 +300,13 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
     staging = aligned_empty(max(s.file_bytes for s in packed.layers)) if cuda else None
     sources, bindings = [], []
     n = len(sk.layers)
-    experts = (ExpertCache(placement.expert_cache_bytes, placement.sizes.expert_unit, reader,
-                           policy=config.expert_policy, verify=config.verify, on_corrupt=lambda: _rebuild(packed),
-                           prefetch=config.expert_prefetch == "on")
-               if placement.experts_cached else None)
+    experts = _expert_cache(placement, config, reader, device, packed)
     for i, (layer, tier) in enumerate(zip(sk.layers, placement.tiers)):
         progress(ProgressEvent("load", f"loading {name}", i, n))
         spec = packed.layers[i]
         if experts is not None and spec.ranges:  # resident: the dense part; the experts as routed
-            _experts_as_routed(layer, i, spec, packed.path(i), experts, sk.layers[i + 1] if i + 1 < n else None)
+            _experts_as_routed(layer, i, spec, packed.path(i), experts, sk.layers[i + 1] if i + 1 < n else None,
+                               reader)
             spec = spec.dense()
         binding = LayerBinding(layer, spec, dtype)
         if tier == "device":
@@ -323,6 +343,20 @@ def materialize(sk: Skeleton, ck: Optional[Checkpoint], packed: PackedSet, place
         # pass's activations) goes back to the OS, so that passes of other sizes do not pile up fragments
         sk.layers[sources[-1].index].register_forward_hook(lambda *_: trim_heap(collect=False), always_call=True)
     return streamer, experts
+
+
+def _expert_cache(placement: Placement, config: OffloadConfig, reader: FileReader, device: torch.device,
+                  packed: PackedSet) -> Optional[ExpertSlots]:
+    """The expert cache `placement` asks for: on the device, filled from RAM where it holds the experts, else from
+    SSD; None where the experts are not read as routed."""
+    if not placement.experts_cached:
+        return None
+    prefetch = config.expert_prefetch == "on"
+    if placement.expert_host_bytes:
+        return RamExpertCache(placement.expert_cache_bytes, placement.sizes.expert_unit, device,
+                              policy=config.expert_policy, prefetch=prefetch)
+    return ExpertCache(placement.expert_cache_bytes, placement.sizes.expert_unit, reader, policy=config.expert_policy,
+                       verify=config.verify, on_corrupt=lambda: _rebuild(packed), prefetch=prefetch)
 
 
 def _rebuild(packed: PackedSet) -> str:

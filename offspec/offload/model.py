@@ -40,7 +40,7 @@ from offspec.util.paths import cache_dir
 from .checkpoint import Checkpoint
 from .config import CPU_HEADROOM, WORKSPACE, OffloadConfig
 from .estimates import draft_headroom, target_headroom
-from .experts import ExpertCache
+from .experts import ExpertSlots
 from .head import StreamedHead, head_bytes_per_read
 from .hostmem import MADV_DONTNEED, advise, bound_heap, page_round, trim_heap
 from .hostmem import runtime_bytes as measured_runtime
@@ -63,7 +63,7 @@ class OffloadHandle:
     config: Optional[OffloadConfig] = None  # the config placed under (its limits lowered to fit: fit_limits)
     packed: Optional[PackedSet] = None  # the weight store it was materialized from
     head: Optional[StreamedHead] = None  # the LM head, where it is read from SSD in every pass
-    experts: Optional[ExpertCache] = None  # a mixture's experts, where they are read as routed
+    experts: Optional[ExpertSlots] = None  # a mixture's experts, where they are read as routed
 
     @property
     def io(self) -> Any:
@@ -94,7 +94,7 @@ class JointIO:
         return sum(b for b, _ in totals), sum(w for _, w in totals)
 
     def expert_counters(self) -> tuple[int, int]:
-        """The expert cache's (experts routed to, cache hits), where a part is one (ExpertCache)."""
+        """The expert cache's (experts routed to, cache hits), where a part is one (ExpertSlots)."""
         parts = [p.expert_counters() for p in self.parts if hasattr(p, "expert_counters")]
         return (sum(a for a, _ in parts), sum(h for _, h in parts))
 

@@ -14,10 +14,12 @@ the RAM tier is only used when a RAM budget is given. Where the resident parts d
 streamed, a CPU streams the LM head too (offspec/offload/head.py: `OffloadConfig.stream_head`), in chunks through
 two read buffers, like one more layer.
 
-A mixture of experts whose layers do not fit (a CPU device): every layer's dense part (attention, norms, router,
-a shared expert) is resident, and its experts are read from SSD as the router picks them, into one expert cache
-that holds what the budget has left (offspec/offload/experts.py), when that is at least one layer's experts;
-otherwise its layers stream whole like any other.
+A mixture of experts whose layers do not fit: every layer's dense part (attention, norms, router, a shared
+expert) is resident, and its experts go into one expert cache on the device that holds what the budget has left,
+when that is at least one layer's experts, as the router picks them. They come from host RAM where the RAM budget
+holds all of them (pinned on CUDA, copied over the link: offspec/offload/ram_experts.py), else, on a CPU, from SSD
+(offspec/offload/experts.py). Otherwise (a GPU whose RAM budget cannot hold the experts) its layers stream whole
+like any other.
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ class Placement:
     head_streamed: bool = False  # the LM head is read from SSD in every pass (offspec/offload/head.py)
     shares: bool = False  # a draft made from the target runs the resident layers as the target's own
     # a mixture of experts: the bytes of the expert cache its experts are read into as routed (0: none; then every
-    # resident layer holds its experts)
+    # resident layer holds its experts), and the host RAM that holds all its experts for it (0: they come from SSD)
     expert_cache_bytes: int = 0
+    expert_host_bytes: int = 0
 
     @property
     def experts_cached(self) -> bool:
@@ -158,7 +161,7 @@ class Placement:
     def host_bytes(self) -> int:
         """Planned use of the RAM budget (a RAM-tier layer holds its whole packed file: `ram_bytes`)."""
         ram = sum(ram_bytes(b) for t, b in zip(self.tiers, self.sizes.layer_bytes) if t == "ram")
-        return ram + (0 if self.device == "cpu" else self.staging_bytes)
+        return ram + (0 if self.device == "cpu" else self.staging_bytes) + self.expert_host_bytes
 
     @property
     def predicted_pass_seconds(self) -> float:
@@ -179,7 +182,7 @@ class Placement:
             "resident_bytes": self.resident_bytes, "ring_bytes": self.ring_bytes, "staging_bytes": self.staging_bytes,
             "bytes_per_pass": self.bytes_per_pass, "predicted_pass_seconds": round(self.predicted_pass_seconds, 4),
             "head_streamed": self.head_streamed, "shared_layers": len(self.shared_layers),
-            "expert_cache_bytes": self.expert_cache_bytes,
+            "expert_cache_bytes": self.expert_cache_bytes, "expert_host_bytes": self.expert_host_bytes,
             "assumed_bandwidth": dict(self.bandwidth), "sizes": asdict(self.sizes),
             "device_breakdown": self.device_breakdown(),
         }
@@ -193,7 +196,7 @@ class Placement:
         if self.head_streamed:
             where += ", LM head from SSD"
         if self.experts_cached:
-            where += ", experts from SSD as routed"
+            where += f", experts from {'RAM' if self.expert_host_bytes else 'SSD'} as routed"
         fmt = "" if self.quant == "none" else f" ({self.quant})"
         t = self.predicted_pass_seconds
         when = f"{t:.2f} s" if t >= 1 else f"{t * 1000:.3g} ms"
@@ -317,17 +320,18 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
     base["shares"] = bool(sizes.shared_bytes)
     if resident + sum(net) <= device_budget:  # whole only where the self draft runs the target's own layers
         return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, **base)
-    cache = _expert_cache(sizes, device_budget - resident, host_is_device) if config.experts == "auto" else 0
+    cache, held = (_expert_cache(sizes, device_budget - resident, ram_budget, host_is_device)
+                   if config.experts == "auto" else (0, 0))
     if cache:  # a mixture: the dense parts resident, the experts read as routed into what is left
         return Placement(tiers=("device",) * n, ring_bytes=0, staging_bytes=0, expert_cache_bytes=cache,
-                         **{**base, "shares": False})
+                         expert_host_bytes=held, **{**base, "shares": False})
 
     ring, _ = stream_buffers(sizes, config, host_is_device, has_ssd=False)  # RAM-tier layers only
     ssd_ring, staging = stream_buffers(sizes, config, host_is_device, has_ssd=True)  # some layers on SSD
     room = device_budget - resident - ring
     if room < 0:
         need = _least(resident + (ssd_ring + staging if host_is_device and ram_budget < sum(layer) else ring),
-                      sizes, resident, config, host_is_device)
+                      sizes, resident, config, host_is_device, ram_budget)
         raise OffspecError(
             f"device memory budget {format_size(device_budget)} is too small: the resident parts need "
             f"{format_size(resident)} (embeddings, LM head, KV caches, activations, draft, workspace, headroom) plus "
@@ -347,12 +351,11 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
         if host_is_device:
             room -= staging + ssd_ring - ring
             if room < 0:
+                least = _least(resident + ssd_ring + staging, sizes, resident, config, True, ram_budget)
                 raise OffspecError(
                     f"device memory budget {format_size(device_budget)} is too small: resident parts, streaming "
                     f"slots and SSD staging buffers need {format_size(resident + ssd_ring + staging)}; use "
-                    f"--device-mem "
-                    f"{_suggest_budget(_least(resident + ssd_ring + staging, sizes, resident, config, True), sizes)} "
-                    f"or more, "
+                    f"--device-mem {_suggest_budget(least, sizes)} or more, "
                     f"give a --ram-mem for the streamed layers, or lower --max-context / --max-budget"
                     f"{_draft_hint(sizes)}")
             on_device, in_ram = place(room, ram_budget)
@@ -367,28 +370,41 @@ def _plan(sizes: ModelSizes, device: torch.device, config: OffloadConfig, alread
     return Placement(tiers=tiers, ring_bytes=ring, staging_bytes=staging, **base)
 
 
-def _least(need: int, sizes: ModelSizes, resident: int, config: OffloadConfig, host_is_device: bool) -> int:
+def _least(need: int, sizes: ModelSizes, resident: int, config: OffloadConfig, host_is_device: bool,
+           ram_budget: int) -> int:
     """The smaller of `need` (layers streamed whole) and what a mixture's experts read as routed need: the dense
     parts and one layer's experts beside the resident parts."""
-    if config.experts != "auto" or not _reads_experts(sizes, host_is_device):
+    if config.experts != "auto" or not _reads_experts(sizes, host_is_device, ram_budget):
         return need
     return min(need, resident + sum(sizes.dense_bytes) + sizes.experts_per_layer * sizes.expert_unit)
 
 
-def _reads_experts(sizes: ModelSizes, host_is_device: bool) -> bool:
-    """Can this model's experts be read as routed: a mixture, on a CPU device (a GPU's stream with their layers, for
-    now), not sharing its layers with a draft made from it (not yet)."""
-    return host_is_device and bool(sizes.expert_unit) and not sizes.shared_bytes
+def expert_host_bytes(sizes: ModelSizes) -> int:
+    """Host RAM that holds all of a mixture's experts: each layer's in one buffer of whole pages."""
+    return sum(page_round(b) for b in sizes.expert_bytes if b)
 
 
-def _expert_cache(sizes: ModelSizes, room: int, host_is_device: bool) -> int:
-    """The expert cache of a mixture whose dense parts are all resident in `room`: what is left of it, in whole
-    slots (`expert_unit`); 0 where that is less than one layer's experts, or its experts cannot be read as routed
-    (`_reads_experts`)."""
-    if not _reads_experts(sizes, host_is_device):
-        return 0
+def _reads_experts(sizes: ModelSizes, host_is_device: bool, ram_budget: int) -> bool:
+    """Can this model's experts be read as routed: a mixture, on a CPU (from SSD or RAM) or where the RAM budget
+    holds all its experts (a GPU copies them from there), not sharing its layers with a draft made from it (not
+    yet)."""
+    if not sizes.expert_unit or sizes.shared_bytes:
+        return False
+    return host_is_device or expert_host_bytes(sizes) <= ram_budget
+
+
+def _expert_cache(sizes: ModelSizes, room: int, ram_budget: int, host_is_device: bool) -> tuple[int, int]:
+    """(expert cache bytes, host bytes of the experts) of a mixture whose dense parts are all resident in `room`:
+    the cache is what is left of it, in whole slots (`expert_unit`), and the experts are held in RAM where
+    `ram_budget` holds them all (0: read from SSD); (0, 0) where the cache would be less than one layer's experts,
+    or its experts cannot be read as routed (`_reads_experts`)."""
+    if not _reads_experts(sizes, host_is_device, ram_budget):
+        return 0, 0
     slots = (room - sum(sizes.dense_bytes)) // sizes.expert_unit
-    return slots * sizes.expert_unit if slots >= sizes.experts_per_layer else 0
+    if slots < sizes.experts_per_layer:
+        return 0, 0
+    held = expert_host_bytes(sizes)
+    return slots * sizes.expert_unit, held if held <= ram_budget else 0
 
 
 def forced(sizes: ModelSizes, device: torch.device, tiers: tuple[str, ...], config: OffloadConfig) -> Placement:

@@ -27,6 +27,14 @@ def model_params(model: Any) -> Optional[int]:
         return None
 
 
+def _miss_rate(hardware: dict, placement: dict) -> Optional[float]:
+    """Bytes/s a missed expert comes at: over the link from pinned RAM (offspec/offload/ram_experts.py; a CPU's
+    memory copy), else from the disk."""
+    if placement.get("expert_host_bytes"):
+        return hardware.get("h2d_pinned_bytes_per_s") or hardware.get("host_memory_bandwidth")
+    return hardware.get("disk_read_bytes_per_s")
+
+
 def build_profile(generator, load_cfg: LoadConfig, *, quick: bool = False, prompts: Optional[list[dict]] = None,
                   config: Optional[MeasureConfig] = None, progress: ProgressFn = no_progress) -> tuple[dict, Plan]:
     """Measure everything and return (the profile dict, its plan). Nothing is written here."""
@@ -44,9 +52,9 @@ def build_profile(generator, load_cfg: LoadConfig, *, quick: bool = False, promp
             measured["timings"]["draft_flop_seconds"] = 2 * matmul_params(engine.drafter.runner.model.config) / usable
     experts = measured.get("experts")
     if experts and experts["read_as_routed"] and experts["read_seconds"] is None:  # no calibration pass missed:
-        use, disk = expert_use(engine.target.model), hardware.get("disk_read_bytes_per_s")  # a miss at the disk's rate
-        if use and disk:
-            experts["read_seconds"] = round(use["expert_bytes"] / float(disk), 7)
+        use, rate = expert_use(engine.target.model), _miss_rate(hardware, info.extra.get("placement") or {})
+        if use and rate:  # a miss at the rate its expert comes at
+            experts["read_seconds"] = round(use["expert_bytes"] / float(rate), 7)
     key = pair_key(generator, load_cfg)
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "target_params": model_params(engine.target.model),

@@ -82,7 +82,7 @@ class Experts(_Section):
     experts_used: Int1 = Field(description="experts one token is routed to in a layer (top k)")
     experts_per_layer: Int1
     layers: Int1 = Field(description="mixture layers")
-    read_as_routed: bool = Field(description="the experts are read from SSD as routed (an expert cache)")
+    read_as_routed: bool = Field(description="the experts are fetched as routed into an expert cache (from SSD or RAM)")
     passes: Int0 = None
     miss_rate: Num = Field(None, description="share of the routed experts the expert cache did not hold")
     read_seconds: Optional[Num] = Field(None, description="seconds one missed expert adds to a pass (null: none "
