@@ -39,7 +39,7 @@ class PassStats:
     caught_up: int = 0  # committed tokens the draft model processed first (its cache lagged), 0 if it did not run
     grown_nodes: int = 0  # nodes past the budget the draft added while the first streamed layer loaded (grow_nodes)
     experts_routed: int = 0  # a mixture whose experts are read as routed: the (layer, expert) pairs this pass ran
-    expert_hits: int = 0  # of them, those the expert cache held (the others were read from SSD)
+    expert_hits: int = 0  # of them, those the expert cache held (the others were read from SSD or RAM)
 
     @property
     def stream_bandwidth(self) -> float:

@@ -363,7 +363,7 @@ def markdown_table(report: dict) -> str:
     for name, s in setups.items():
         if "expert_hit_rate" in s:
             lines.append(f"\n{name}: {s['experts_routed_per_token']:.1f} experts routed per token, "
-                         f"{s['experts_read_per_token']:.1f} of them read from SSD (expert cache hit rate "
+                         f"{s['experts_read_per_token']:.1f} of them fetched (expert cache hit rate "
                          f"{s['expert_hit_rate']:.0%})")
     use = report.get("expert_use")
     if use:

@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from .diskio import aligned_empty
 from .experts import ExpertSlots
 
 
@@ -40,9 +41,10 @@ class RamExpertCache(ExpertSlots):
                  prefetch: bool = True):
         super().__init__(capacity // unit, unit, policy)
         self.device = torch.device(device)
-        self.buffer = torch.empty(self.slots * unit, dtype=torch.uint8, device=self.device)  # (slots * unit,) slots
-        self.host: dict[int, list[torch.Tensor]] = {}  # layer -> per expert its (nbytes,) uint8 host view
         self.cuda = self.device.type == "cuda"
+        self.buffer = (torch.empty(self.slots * unit, dtype=torch.uint8, device=self.device) if self.cuda
+                       else aligned_empty(self.slots * unit))  # (slots * unit,) uint8: every slot page-aligned
+        self.host: dict[int, list[torch.Tensor]] = {}  # layer -> per expert its (nbytes,) uint8 host view
         self.side = torch.cuda.Stream(self.device) if self.cuda and prefetch else None  # read-ahead copies
         self.read_ahead = prefetch
         self.ready: dict[int, torch.cuda.Event] = {}  # slot -> the side-stream copy filling it (CUDA)
@@ -70,7 +72,7 @@ class RamExpertCache(ExpertSlots):
         slots = [self._victim() for _ in missing]
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(torch.cuda.current_stream(self.device))
         t0 = time.perf_counter()
         for e, slot in zip(missing, slots):
             self._wait(slot)  # a read ahead still filling it (unasked for, now dropped) goes first
@@ -81,7 +83,7 @@ class RamExpertCache(ExpertSlots):
             self.reads += 1
             self.read_bytes += int(host[e].numel())
         if self.cuda:
-            end.record()
+            end.record(torch.cuda.current_stream(self.device))
             self.timing.append((start, end))
         else:
             self.read_seconds += time.perf_counter() - t0

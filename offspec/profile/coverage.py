@@ -165,9 +165,9 @@ def no_tree_note(reads: ExpertReads, budget: int, accepted: float, one_token_sec
     nodes = f"{budget} node{'s' if budget != 1 else ''}"
     return (f"the experts a tree touches cost more than its accepted tokens bring: the best tree ({nodes}) "
             f"touches {c.ratio(budget):.1f}x the experts of one token ({c(budget):.1f} of {c.experts_per_layer} "
-            f"per layer, {reads.miss_rate:.0%} of them read from SSD), {reads.seconds(budget + 1) * 1e3:.0f} ms of "
-            f"reads a pass against {one_token_seconds * 1e3:.0f} ms for a pass of one token, for "
-            f"{accepted:.2f} accepted tokens")
+            f"per layer, {reads.miss_rate:.0%} of them missing from the expert cache), "
+            f"{reads.seconds(budget + 1) * 1e3:.0f} ms of reads a pass against {one_token_seconds * 1e3:.0f} ms for "
+            f"a pass of one token, for {accepted:.2f} accepted tokens")
 
 
 class ExpertWindow:
