@@ -225,3 +225,29 @@ def test_the_calibration_passes_of_a_tiny_mixture_read_as_routed_measure_the_cur
     assert all(a <= b for a, b in zip(section["distinct"], section["distinct"][1:]))
     assert 0.0 <= section["miss_rate"] <= 1.0 and section["passes"] > 0
     assert coverage_of(section).describe().startswith("1 token 2")
+
+
+def test_the_start_up_estimate_of_a_tiny_mixture_read_as_routed_prices_its_experts(tmp_path, monkeypatch):
+    """No profile: `--budget auto`'s start-up estimate verifies a few draft trees and prices the expert reads from
+    their coverage, says so in budget_basis, and its adaptive policy re-prices them online."""
+    import offspec
+    from helpers.tiny_gguf import save_tiny_gguf
+    from offspec.util.sizes import parse_size
+
+    monkeypatch.setenv("OFFSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OFFSPEC_CONFIG_DIR", str(tmp_path / "config"))  # no saved profile
+    target = save_tiny_gguf(tmp_path / "t.gguf", "qwen3moe", seed=0, layers=4, head_dim=128)
+    draft = save_tiny_gguf(tmp_path / "d.gguf", "qwen3moe", seed=0, layers=4, noise=0.002, head_dim=128)
+    load = dict(max_context=256, max_budget=64, offload_dir=str(tmp_path / "off"))
+    with pytest.raises(OffspecError) as info:
+        offspec.load(str(target), str(draft), device_mem="1KB", **load)
+    budget = parse_size(re.search(r"--device-mem (\S+)", str(info.value))[1], "device_mem") + 3 * 2**20
+    gen = offspec.load(str(target), str(draft), device_mem=budget, budget="auto", **load)
+    try:
+        extra = gen.info.extra
+        assert extra["budget_source"] == "estimate" and "draft trees verified (1 token 2" in extra["budget_basis"]
+        assert gen.policy.experts is not None and gen.policy.costs.expert_reads.layers == 4
+        assert gen.policy.plan.expert_reads is gen.policy.costs.expert_reads  # the plan priced them
+        assert gen.generate([5, 9, 33, 70], max_new_tokens=8).token_ids  # and it runs
+    finally:
+        gen.close()

@@ -32,7 +32,9 @@ from offspec.spec.suffix_drafter import SuffixDrafter
 from .adapt import AdaptiveBudget
 from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
-from .measure import CALIBRATION_DEPTH
+from .coverage import ExpertReads, expert_reads_of
+from .measure import CALIBRATION_DEPTH, measure_acceptance
+from .routing import RoutingRecorder
 from .planner import PairCosts, PlannerConfig
 from .schema import AcceptanceFile, validate
 from .store import (acceptance_curves, acceptance_profiles, costs_of, find_profile, load_profile, profile_key,
@@ -54,6 +56,10 @@ ESTIMATE_CONTEXT = "Write a short Python function that adds two numbers, then ex
 # forward for a budget of 1) is measured, not modelled from single steps (which charge a chain one draft step too many).
 ESTIMATE_PROPOSE = (1, 2, 4, 8, 16, 32, 64)
 ESTIMATE_PROPOSE_SECONDS = 1.5
+# A mixture whose experts are read as routed: the expert coverage of a few draft trees verified at start-up (the
+# experts their tokens route to, the cache's misses and their wait), as `offspec profile` measures it on more passes
+ESTIMATE_EXPERT_BUDGETS = (1, 4, 16, 64)
+ESTIMATE_EXPERT_PASSES = 2
 
 
 def pair_key(generator, load_cfg: LoadConfig) -> dict:
@@ -127,10 +133,40 @@ def estimate_costs(generator, progress: ProgressFn = no_progress) -> tuple[PairC
     if propose:
         detail += f", draft trees of {', '.join(f'{b}: {s * 1000:.0f} ms' for b, s in propose)} by budget"
     detail += f", a suffix proposal {suffix * 1000:.1f} ms"
+    reads, said = estimate_expert_reads(generator, progress)
     return PairCosts(target_pass=CostCurve.of(target_points), target_head=head,
                      draft_step=CostCurve.of(draft_points) if draft_points else None,
                      draft_propose=CostCurve.of(propose) if propose else None, expand_ratio=1.0,
-                     calibration_depth=CALIBRATION_DEPTH, suffix_seconds=suffix), detail
+                     calibration_depth=CALIBRATION_DEPTH, suffix_seconds=suffix, expert_reads=reads), detail + said
+
+
+def estimate_expert_reads(generator, progress: ProgressFn = no_progress) -> tuple[Optional[ExpertReads], str]:
+    """On a mixture whose experts are read as routed and a draft model: the expert reads a pass pays, from the
+    coverage of ESTIMATE_EXPERT_PASSES draft trees verified now (offspec/profile/coverage.py; a miss that never came
+    priced at the bytes of an expert over the placement's assumed disk or link speed), and a few words for
+    `budget_basis`; (None, "") elsewhere (the online re-pricing then has nothing to start from either)."""
+    engine = generator.engine
+    if not RoutingRecorder(engine.target.model).layers_read_as_routed or "model" not in engine.drafter.modes:
+        return None, ""
+    budgets = [b for b in ESTIMATE_EXPERT_BUDGETS if b <= engine.max_budget]
+    run = measure_acceptance(generator, budgets, [{"prompt": ESTIMATE_CONTEXT}], ESTIMATE_EXPERT_PASSES, progress,
+                             drafter="model", routing=True)
+    section = run.experts
+    if section is None:
+        return None, ""
+    if section["read_seconds"] is None:  # no pass missed
+        from offspec.formats.experts import expert_use
+
+        placement = generator.info.extra.get("placement") or {}
+        speeds = placement.get("assumed_bandwidth") or {}
+        rate = speeds.get("link" if placement.get("expert_host_bytes") else "disk")
+        use = expert_use(engine.target.model)
+        if not rate or not use:
+            return None, ""
+        section = {**section, "read_seconds": use["expert_bytes"] / float(rate)}
+    reads = expert_reads_of(section, "start-up estimate")
+    return reads, (f", the experts of {section['passes']} draft trees verified ({reads.coverage.describe()} per "
+                   f"layer, {reads.miss_rate:.0%} missed the cache, {reads.read_seconds * 1e3:.2f} ms a miss)")
 
 
 def estimate_propose(generator, context: list[int]) -> list[tuple[int, float]]:
