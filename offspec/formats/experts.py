@@ -94,42 +94,25 @@ class QExperts(nn.Module):
         # expert its projections' (offset, nbytes) in the range; their weights are then bound for each call only
         self.stream = None
         self.layout: list[tuple[tuple[int, int], ...]] = []
-        # per expert, which of its projections the stream's views hold interleaved for the CPU kernels (read_as_routed)
-        self.x16: list[tuple[bool, ...]] = []
         self.uses = torch.zeros(len(experts), dtype=torch.long)  # (E,) tokens routed to each expert (`expert_use`)
         # `offspec profile` only (offspec/profile/routing.py): an object whose record(self, top_k_index) sees each
         # call's (T, k) expert ids; None (always, elsewhere): nothing recorded, no output changed either way
         self.recorder = None
 
-    def read_as_routed(self, stream, layout: list[tuple[tuple[int, int], ...]], x16: bool = False) -> None:
+    def read_as_routed(self, stream, layout: list[tuple[tuple[int, int], ...]]) -> None:
         """Read the experts through `stream` from now on (`layout`: per expert, its gate, up and down (offset,
-        nbytes) in its range); `x16`: the stream's ranges hold the rows interleaved where the CPU kernels take that
-        layout (the stream applies `interleave_range` to each range it fetches)."""
+        nbytes) in its range)."""
         self.stream, self.layout = stream, layout
-        self.x16 = [tuple(x16 and kernels.x16_rows(m.type_id, m.out_features) for m in self._projections(e))
-                    for e in range(len(self.experts))]
-
-    def _projections(self, e: int) -> tuple[QLinear, QLinear, QLinear]:
-        expert = self.experts[e]
-        return expert.gate_proj, expert.up_proj, expert.down_proj
-
-    def interleave_range(self, e: int, view: torch.Tensor) -> None:
-        """Expert e's range `view` (its stored bytes, as `layout` lays them out) with its rows interleaved in place
-        where `x16` says: as resident CPU weights are (kernels.interleave), the same bits from the kernels."""
-        for linear, (offset, nbytes), x16 in zip(self._projections(e), self.layout[e], self.x16[e]):
-            if x16:
-                rows = view[offset : offset + nbytes].view(linear._buffers["qweight"].shape)
-                kernels.interleave_rows(rows, linear.type_id, linear.in_features)
 
     def _bind(self, views: dict[int, torch.Tensor]) -> list[tuple[QLinear, torch.Tensor]]:
         """Bind the fetched experts' weights to their views; returns what to put back."""
         held = []
         for e, view in views.items():
-            for linear, (offset, nbytes), x16 in zip(self._projections(e), self.layout[e], self.x16[e]):
+            expert = self.experts[e]
+            for linear, (offset, nbytes) in zip((expert.gate_proj, expert.up_proj, expert.down_proj), self.layout[e]):
                 shape = linear._buffers["qweight"].shape
                 held.append((linear, linear._buffers["qweight"]))
                 linear._buffers["qweight"] = view[offset : offset + nbytes].view(shape)
-                linear.interleaved = x16
         return held
 
     def __len__(self) -> int:
@@ -155,7 +138,6 @@ class QExperts(nn.Module):
         finally:
             for linear, placeholder in held:  # the routed experts' views go: the cache may reuse their slots
                 linear._buffers["qweight"] = placeholder
-                linear.interleaved = False
 
     def _run(self, x: torch.Tensor, routed: list[int], top_k_index: torch.Tensor,
              top_k_weights: torch.Tensor) -> torch.Tensor:

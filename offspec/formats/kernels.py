@@ -306,22 +306,12 @@ def interleave(module: Any) -> bool:
     step reads every weight once, and this layout reads it about 2x faster on one core (ggml_x16.h); the results are
     the same bits."""
     if (module.interleaved or module.qweight.device.type != "cpu" or module.qweight.is_meta
-            or not x16_rows(module.type_id, module.out_features)):
+            or ggml_type(module.type_id).name not in X16_NAMES or module.out_features < 16 or not interleaves()):
         return False
-    interleave_rows(module.qweight, module.type_id, module.in_features)
+    w = module.qweight
+    w.copy_(compiled().interleave(w.contiguous(), module.type_id, module.in_features, True))
     module.interleaved = True
     return True
-
-
-def x16_rows(type_id: int, out_features: int) -> bool:
-    """Whether a CPU weight of `type_id` with `out_features` rows takes the interleaved layout (`interleave`)."""
-    return ggml_type(type_id).name in X16_NAMES and out_features >= 16 and interleaves()
-
-
-def interleave_rows(w: torch.Tensor, type_id: int, in_features: int) -> None:
-    """Interleave the (out_features, row_bytes) uint8 ggml rows `w` of `type_id` 16 at a time, in place (see
-    `interleave`; `x16_rows` says where the kernels take it)."""
-    w.copy_(compiled().interleave(w.contiguous(), type_id, in_features, True))
 
 
 def draft_sums() -> bool:

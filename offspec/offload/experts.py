@@ -156,10 +156,8 @@ class ExpertCache(ExpertSlots):
                  prefetch: bool = True):
         super().__init__(capacity // unit, unit, policy)
         self.reader, self.verify, self.on_corrupt = reader, verify, on_corrupt
-        self.device = torch.device("cpu")  # the device its slots are on (a CPU reads its experts from SSD)
         self.buffer = aligned_empty(self.slots * unit)  # (slots * unit,) uint8: every slot page-aligned
         self.sources: dict[int, tuple[Path, tuple]] = {}  # layer -> (its packed file, its expert ranges)
-        self.prepare: dict[int, Callable[[int, torch.Tensor], None]] = {}  # layer -> what a checked range gets
         self.verified: set[tuple[int, int]] = set()
         self.cv = threading.Condition()
         self.request: Optional[tuple[int, list[int]]] = None  # the prediction the reader thread takes next
@@ -174,16 +172,11 @@ class ExpertCache(ExpertSlots):
     def prefetching(self) -> bool:
         return self.thread is not None
 
-    def register(self, layer: int, path: Path, ranges: tuple,
-                 prepare: Optional[Callable[[int, torch.Tensor], None]] = None) -> None:
-        """Layer `layer`'s experts live in `path`, expert e at payload range `ranges[e]` (offset, nbytes, crc32);
-        `prepare(e, view)`, where given, rearranges a range in place once it is read and checked (QExperts'
-        `interleave_range`: rows interleaved for the CPU kernels)."""
+    def register(self, layer: int, path: Path, ranges: tuple) -> None:
+        """Layer `layer`'s experts live in `path`, expert e at payload range `ranges[e]` (offset, nbytes, crc32)."""
         if max(n for _, n, _ in ranges) > self.unit:
             raise ValueError(f"layer {layer}: an expert is larger than a cache slot")
         self.sources[layer] = (Path(path), tuple(ranges))
-        if prepare is not None:
-            self.prepare[layer] = prepare
 
     # --- the model's thread -------------------------------------------------------------------------------
     def fetch(self, layer: int, experts: list[int]) -> dict[int, torch.Tensor]:
@@ -268,8 +261,6 @@ class ExpertCache(ExpertSlots):
                 raise OffspecError(f"packed layer file {path} is corrupt (expert {e}: checksum mismatch); "
                                    f"{self.on_corrupt()}")
             self.verified.add(key)
-        if layer in self.prepare:
-            self.prepare[layer](e, view)
         with self.cv:
             self.reads += 1
             self.read_bytes += nbytes

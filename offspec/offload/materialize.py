@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -163,23 +163,17 @@ def _experts_as_routed(layer: nn.Module, index: int, spec: LayerSpec, path: Path
                             for proj in PROJECTIONS))
     if len(layout) != len(experts):
         raise CorruptPart(f"{path}: {len(layout)} expert ranges for {len(experts)} experts")
-    router = next((m for m in following.modules() if isinstance(m, QRouter)), None) if following is not None else None
-    cpu = cache.device.type == "cpu"
-    # on a CPU each range's rows are interleaved once it is read, as resident weights are: a decode step reads them
-    # about 2x faster (formats/kernels.py: interleave), and the kernels give the same bits
-    experts.read_as_routed(ExpertStream(cache, index, router, index + 1), layout, x16=cpu)
-    prepare = experts.interleave_range if cpu and any(any(f) for f in experts.x16) else None
     if isinstance(cache, RamExpertCache):
-        cache.register(index, _held_experts(reader, path, spec, cache.device, prepare))
+        cache.register(index, _held_experts(reader, path, spec, cache.device))
     else:
-        cache.register(index, path, spec.ranges[1:], prepare)
+        cache.register(index, path, spec.ranges[1:])
+    router = next((m for m in following.modules() if isinstance(m, QRouter)), None) if following is not None else None
+    experts.read_as_routed(ExpertStream(cache, index, router, index + 1), layout)
 
 
-def _held_experts(reader: FileReader, path: Path, spec: LayerSpec, device: torch.device,
-                  prepare: Optional[Callable[[int, torch.Tensor], None]] = None) -> list[torch.Tensor]:
+def _held_experts(reader: FileReader, path: Path, spec: LayerSpec, device: torch.device) -> list[torch.Tensor]:
     """A layer's experts read once into one host buffer (pinned for a CUDA `device`), each checked against its
-    crc32 (CorruptPart on a mismatch), then `prepare(e, view)`d where given; returns per expert its (nbytes,) uint8
-    view."""
+    crc32 (CorruptPart on a mismatch); returns per expert its (nbytes,) uint8 view."""
     ranges = spec.ranges[1:]
     first = ranges[0][0]
     span = -(-(spec.nbytes - first) // HEADER) * HEADER  # to the payload's padded end: whole 4 KiB blocks
@@ -190,8 +184,6 @@ def _held_experts(reader: FileReader, path: Path, spec: LayerSpec, device: torch
         view = buf[start - first : start - first + nbytes]
         if payload_crc(view) != crc:
             raise CorruptPart(f"{path}: checksum mismatch (expert {e})")
-        if prepare is not None:
-            prepare(e, view)
         views.append(view)
     return views
 
