@@ -26,16 +26,17 @@ from typing import Optional
 from offspec.config import LoadConfig, TreeConfig
 from offspec.errors import OffspecError
 from offspec.formats import kernels
+from offspec.formats.experts import expert_use
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.spec.suffix_drafter import SuffixDrafter
 
 from .adapt import AdaptiveBudget
+from .coverage import ExpertReads, expert_reads_of
 from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
-from .coverage import ExpertReads, expert_reads_of
 from .measure import CALIBRATION_DEPTH, measure_acceptance
-from .routing import RoutingRecorder
 from .planner import PairCosts, PlannerConfig
+from .routing import RoutingRecorder
 from .schema import AcceptanceFile, validate
 from .store import (acceptance_curves, acceptance_profiles, costs_of, find_profile, load_profile, profile_key,
                     stale_profiles)
@@ -158,8 +159,6 @@ def estimate_expert_reads(generator, progress: ProgressFn = no_progress) -> tupl
     if section is None:
         return None, ""
     if section["read_seconds"] is None:  # no pass missed
-        from offspec.formats.experts import expert_use
-
         placement = generator.info.extra.get("placement") or {}
         speeds = placement.get("assumed_bandwidth") or {}
         rate = speeds.get("link" if placement.get("expert_host_bytes") else "disk")
