@@ -26,7 +26,6 @@ from typing import Optional
 from offspec.config import LoadConfig, TreeConfig
 from offspec.errors import OffspecError
 from offspec.formats import kernels
-from offspec.formats.experts import expert_use
 from offspec.progress import ProgressEvent, ProgressFn, no_progress
 from offspec.spec.suffix_drafter import SuffixDrafter
 
@@ -36,7 +35,7 @@ from .curves import AcceptanceCurve, CostCurve
 from .hardware import identity
 from .measure import CALIBRATION_DEPTH, measure_acceptance
 from .planner import PairCosts, PlannerConfig
-from .routing import RoutingRecorder
+from .routing import RoutingRecorder, unmissed_read_seconds
 from .schema import AcceptanceFile, validate
 from .store import (acceptance_curves, acceptance_profiles, costs_of, find_profile, load_profile, profile_key,
                     stale_profiles)
@@ -158,14 +157,12 @@ def estimate_expert_reads(generator, progress: ProgressFn = no_progress) -> tupl
     section = run.experts
     if section is None:
         return None, ""
-    if section["read_seconds"] is None:  # no pass missed
+    if section["read_seconds"] is None:  # no pass missed: a miss at the placement's assumed speeds
         placement = generator.info.extra.get("placement") or {}
-        speeds = placement.get("assumed_bandwidth") or {}
-        rate = speeds.get("link" if placement.get("expert_host_bytes") else "disk")
-        use = expert_use(engine.target.model)
-        if not rate or not use:
+        seconds = unmissed_read_seconds(engine.target.model, placement, placement.get("assumed_bandwidth") or {})
+        if seconds is None:
             return None, ""
-        section = {**section, "read_seconds": use["expert_bytes"] / float(rate)}
+        section = {**section, "read_seconds": seconds}
     reads = expert_reads_of(section, "start-up estimate")
     return reads, (f", the experts of {section['passes']} draft trees verified ({reads.coverage.describe()} per "
                    f"layer, {reads.miss_rate:.0%} missed the cache, {reads.read_seconds * 1e3:.2f} ms a miss)")

@@ -6,7 +6,6 @@ import time
 from dataclasses import replace
 from typing import Any, Optional
 
-from offspec.formats.experts import expert_use
 from offspec.offload.estimates import FLOP_EFFICIENCY, matmul_params
 from offspec.config import LoadConfig
 from offspec.progress import ProgressFn, no_progress
@@ -17,6 +16,7 @@ from .hardware import measure_hardware
 from .measure import FULL, QUICK, MeasureConfig, calibration_prompts, measure_pair
 from .coverage import coverage_of
 from .planner import Plan, PlannerConfig, plan
+from .routing import unmissed_read_seconds
 from .store import acceptance_of, costs_of, fingerprint
 
 
@@ -25,14 +25,6 @@ def model_params(model: Any) -> Optional[int]:
         return int(sum(p.numel() for p in model.parameters()))
     except Exception:  # an offloaded model may hold parameters outside the module tree
         return None
-
-
-def _miss_rate(hardware: dict, placement: dict) -> Optional[float]:
-    """Bytes/s a missed expert comes at: over the link from pinned RAM (offspec/offload/ram_experts.py; a CPU's
-    memory copy), else from the disk."""
-    if placement.get("expert_host_bytes"):
-        return hardware.get("h2d_pinned_bytes_per_s") or hardware.get("host_memory_bandwidth")
-    return hardware.get("disk_read_bytes_per_s")
 
 
 def build_profile(generator, load_cfg: LoadConfig, *, quick: bool = False, prompts: Optional[list[dict]] = None,
@@ -52,9 +44,11 @@ def build_profile(generator, load_cfg: LoadConfig, *, quick: bool = False, promp
             measured["timings"]["draft_flop_seconds"] = 2 * matmul_params(engine.drafter.runner.model.config) / usable
     experts = measured.get("experts")
     if experts and experts["read_as_routed"] and experts["read_seconds"] is None:  # no calibration pass missed:
-        use, rate = expert_use(engine.target.model), _miss_rate(hardware, info.extra.get("placement") or {})
-        if use and rate:  # a miss at the rate its expert comes at
-            experts["read_seconds"] = round(use["expert_bytes"] / float(rate), 7)
+        rates = {"link": hardware.get("h2d_pinned_bytes_per_s") or hardware.get("host_memory_bandwidth"),
+                 "disk": hardware.get("disk_read_bytes_per_s")}  # measured: a CPU's link is its memory copy
+        seconds = unmissed_read_seconds(engine.target.model, info.extra.get("placement") or {}, rates)
+        if seconds is not None:
+            experts["read_seconds"] = round(seconds, 7)
     key = pair_key(generator, load_cfg)
     models = {"target": info.target, "draft": info.draft, "dtype": info.dtype,
               "target_params": model_params(engine.target.model),

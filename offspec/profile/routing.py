@@ -5,7 +5,8 @@ is each one's `recorder`: it keeps every call's (T, k) expert ids by layer. Outs
 pass (and no output) changes. `distinct_at` turns one pass's routing and its tree's node ranks (by cumulative
 draft log-prob, root -1: offspec/profile/measure.py's `_ranks`) into the mean distinct experts per layer among the
 root and the B best nodes, for each budget B (the tree at budget B is the top B nodes of the bigger one, as for the
-acceptance curve). `experts_section` assembles the profile's `experts` section (offspec/profile/coverage.py).
+acceptance curve). `experts_section` assembles the profile's `experts` section (offspec/profile/coverage.py), and
+`unmissed_read_seconds` prices a miss where none came.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
-from offspec.formats.experts import QExperts
+from offspec.formats.experts import QExperts, expert_use
 
 
 class RoutingRecorder:
@@ -90,3 +91,13 @@ def experts_section(budgets: Sequence[int], passes: Sequence[Sequence[float]], e
             "experts_per_layer": int(experts_per_layer), "layers": int(layers), "read_as_routed": bool(read_as_routed),
             "passes": n, "miss_rate": round(misses / routed, 4) if routed else 0.0,
             "read_seconds": round(wait_seconds / misses, 7) if misses > 0 else None}
+
+
+def unmissed_read_seconds(model: torch.nn.Module, placement: dict, rates: dict) -> Optional[float]:
+    """Seconds one missed expert of `model` would add where no measured pass missed: its bytes at the rate it comes
+    at, over the link where the placement holds the experts in RAM (offspec/offload/ram_experts.py), else from the
+    disk. `rates`: {"link": bytes/s, "disk": bytes/s}, measured or assumed; None where a rate or the model's expert
+    size is unknown."""
+    use = expert_use(model)
+    rate = rates.get("link" if placement.get("expert_host_bytes") else "disk")
+    return use["expert_bytes"] / float(rate) if use and rate else None
